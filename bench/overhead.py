@@ -1,0 +1,118 @@
+"""steward's serving overhead: the same model, the same prompt, in the same run.
+
+Baseline: bare `mlx_lm.stream_generate` in this process. Steward: a real `steward serve`
+(HTTP front + worker process), streamed over SSE. Runs alternate between the two so drift
+hits both; medians are compared. Prints decode tokens/s and time to first token for each,
+the decode ratio (target >= 0.97) and the TTFT overhead (target <= 10 ms).
+
+    python bench/overhead.py [--model DIR] [--tokens 64] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+
+
+def bare_run(model, tokenizer, prompt: list[int], tokens: int) -> tuple[float, float, int]:
+    from mlx_lm import stream_generate
+
+    started = time.perf_counter()
+    times = [time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, tokens)]
+    return measure(started, times)
+
+
+def steward_run(url: str, tokens: int) -> tuple[float, float, int]:
+    body = {"messages": MESSAGES, "max_tokens": tokens, "temperature": 0, "stream": True}
+    times = []
+    started = time.perf_counter()
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                if choice["delta"].get("content") is not None or choice["finish_reason"]:
+                    times.append(time.perf_counter())
+    return measure(started, times)
+
+
+def measure(started: float, times: list[float]) -> tuple[float, float, int]:
+    """(time to first token, decode tokens/s after the first, tokens)."""
+    ttft = times[0] - started
+    decode = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    return ttft, decode, len(times)
+
+
+def start_server(model: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "steward", "serve", "--model", str(model), "--port", str(port),
+         "--log-level", "warning"],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(6000):
+        try:
+            if httpx.get(url + "/health/ready").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("steward did not become ready")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="MLX model dir (default: the default model)")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+
+    from mlx_lm import load
+
+    from steward.model.gguf import materialize
+    from steward.model.resolve import resolve_model
+
+    model_dir = args.model or materialize(resolve_model(None))
+    model, tokenizer = load(str(model_dir))
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    proc, url = start_server(model_dir)
+    try:
+        bare_run(model, tokenizer, prompt, 8)  # warm both paths up
+        steward_run(url, 8)
+        bare, served = [], []
+        for _ in range(args.runs):
+            bare.append(bare_run(model, tokenizer, prompt, args.tokens))
+            served.append(steward_run(url, args.tokens))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+    def med(runs: list[tuple[float, float, int]], i: int) -> float:
+        return statistics.median(r[i] for r in runs)
+
+    b_ttft, b_tps, s_ttft, s_tps = med(bare, 0), med(bare, 1), med(served, 0), med(served, 1)
+    print(f"model: {model_dir}  prompt tokens: {len(prompt)}  max tokens: {args.tokens}  "
+          f"runs: {args.runs}  tokens seen: bare {med(bare, 2):.0f}, steward {med(served, 2):.0f}")
+    print(f"{'':10}{'TTFT ms':>10}{'decode tok/s':>15}")
+    print(f"{'bare':10}{b_ttft * 1e3:>10.1f}{b_tps:>15.1f}")
+    print(f"{'steward':10}{s_ttft * 1e3:>10.1f}{s_tps:>15.1f}")
+    print(f"decode ratio (steward / bare): {s_tps / b_tps:.3f}   (target >= 0.97)")
+    print(f"TTFT overhead: {(s_ttft - b_ttft) * 1e3:+.1f} ms   (target <= 10 ms)")
+
+
+if __name__ == "__main__":
+    main()

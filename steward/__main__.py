@@ -1,0 +1,3 @@
+from steward.cli import main
+
+main()

@@ -1,0 +1,137 @@
+"""The `steward` command: serve, import, --version.
+
+Every `serve` flag also reads `STEWARD_<FLAG>` from the environment (SPEC §5); the
+command line wins. A model or setting that cannot work exits 78 before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from steward import __version__
+from steward.config import ServeConfig
+
+EX_CONFIG = 78
+DEFAULTS = ServeConfig()
+
+
+def _env(flag: str) -> str | None:
+    return os.environ.get("STEWARD_" + flag.upper().replace("-", "_"))
+
+
+def _flag(
+    parser: argparse.ArgumentParser, flag: str, kind: Callable[[str], Any], help: str, **kwargs: Any
+) -> None:
+    name = flag.replace("-", "_")
+    default = getattr(DEFAULTS, name)
+    env = _env(flag)
+    if kind is bool:
+        on = env is not None and env.lower() in ("1", "true", "yes", "on")
+        parser.add_argument("--" + flag, action="store_true", default=on or default, help=help)
+    elif isinstance(default, list):
+        sep = ";" if flag == "inject-fault" else ","
+        seed = [v for v in env.split(sep) if v.strip()] if env else []
+        parser.add_argument(
+            "--" + flag, action="append", type=kind, default=seed, help=help, **kwargs
+        )
+    else:
+        parser.add_argument(
+            "--" + flag,
+            type=kind,
+            default=kind(env) if env else default,
+            help=f"{help} (default: {default})",
+            **kwargs,
+        )
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over the OpenAI API")
+    _flag(
+        p,
+        "model",
+        str,
+        "MLX model dir, .gguf file, or a repo id in the local HF cache; "
+        "default: the embedded SmolLM2-135M-Instruct",
+    )
+    _flag(p, "host", str, "address to bind")
+    _flag(p, "port", int, "port to bind")
+    _flag(p, "max-restarts", int, "worker restarts allowed in --restart-window before exit 75")
+    _flag(p, "restart-window", float, "seconds over which restarts are counted")
+    _flag(p, "stall-timeout", float, "seconds without progress before a worker is replaced")
+    _flag(p, "load-timeout", float, "seconds a worker may take to load the model")
+    _flag(
+        p,
+        "on-fault",
+        str,
+        "recover: replace a poisoned worker; exit: exit 75 instead",
+        choices=["recover", "exit"],
+    )
+    _flag(p, "drain-timeout", float, "seconds in-flight requests get after SIGTERM/SIGINT")
+    _flag(p, "queue-size", int, "requests that may wait for the worker")
+    _flag(p, "queue-timeout", float, "seconds a request may wait in the queue")
+    _flag(p, "request-timeout", float, "seconds a request may take in all")
+    _flag(p, "api-key", str, "require 'Authorization: Bearer KEY' on /v1/*")
+    _flag(p, "served-model-name", str, "another name clients may use for the model")
+    _flag(p, "log-json", bool, "log one JSON object per line")
+    _flag(p, "log-level", str, "log level")
+    _flag(p, "worker-memory-limit", int, "address-space limit of the worker, bytes")
+    _flag(p, "max-body-bytes", int, "largest request body accepted")
+    _flag(p, "max-edge", int, "longest image edge; larger images are downscaled")
+    _flag(p, "max-image-pixels", int, "largest image accepted, in pixels")
+    _flag(p, "allow-image-urls", bool, "allow remote image URLs")
+    _flag(p, "inject-fault", str, "fault injection POINT:ACTION[:TRIGGER] (tests, drills)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="steward", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"steward {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    imp = sub.add_parser("import", help="convert a llama-family GGUF to an MLX model dir")
+    imp.add_argument("gguf", type=Path)
+    imp.add_argument("out", type=Path, nargs="?")
+    return p
+
+
+def serve(args: argparse.Namespace) -> int:
+    from steward.front.server import serve as run
+    from steward.model.resolve import ModelError, resolve_model
+    from steward.ops import logs
+    from steward.worker.injection import parse_all
+
+    config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
+    logs.setup(config.log_json, config.log_level)
+    try:
+        source = resolve_model(config.model)
+        faults = parse_all(config.inject_fault)
+    except (ModelError, ValueError) as exc:
+        logging.getLogger("steward").critical("%s", exc)
+        return EX_CONFIG
+    return asyncio.run(run(config, source, faults))
+
+
+def import_gguf(args: argparse.Namespace) -> int:
+    from steward.model.gguf import import_gguf as convert
+    from steward.model.resolve import ModelError
+
+    out = args.out or args.gguf.with_suffix("")
+    try:
+        convert(args.gguf, out)
+    except ModelError as exc:
+        print(f"steward import: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    print(out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    sys.exit({"serve": serve, "import": import_gguf}[args.command](args))

@@ -1,0 +1,31 @@
+"""`steward serve` settings: one frozen dataclass, filled by the command line (cli.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_restarts: int = 3
+    restart_window: float = 600.0
+    stall_timeout: float = 60.0
+    load_timeout: float = 900.0
+    on_fault: str = "recover"  # or "exit"
+    drain_timeout: float = 30.0
+    queue_size: int = 64
+    queue_timeout: float = 30.0
+    request_timeout: float = 600.0
+    api_key: str | None = None
+    served_model_name: list[str] = field(default_factory=list)
+    log_json: bool = False
+    log_level: str = "info"
+    worker_memory_limit: int | None = None
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_edge: int = 1536
+    max_image_pixels: int = 50_000_000
+    allow_image_urls: bool = False
+    inject_fault: list[str] = field(default_factory=list)

@@ -1,0 +1,78 @@
+"""The HTTP front: a FastAPI app over a running `Supervisor`.
+
+Every error leaves through `error_response`: our own `ApiError`s, FastAPI's validation
+errors, unknown routes and methods, and (as `internal_error`) bugs in steward itself.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from steward import __version__
+from steward.config import ServeConfig
+from steward.errors import ApiError, error_response
+from steward.front import health_routes, openai_routes
+from steward.front.middleware import RequestContext
+from steward.supervisor.supervisor import Supervisor
+
+log = logging.getLogger("steward.front")
+
+HTTP_TYPES = {
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+}
+
+
+def create_app(config: ServeConfig, supervisor: Supervisor) -> FastAPI:
+    app = FastAPI(title="steward", version=__version__, docs_url=None, redoc_url=None)
+    app.state.config = config
+    app.state.supervisor = supervisor
+    app.include_router(health_routes.router)
+    app.include_router(openai_routes.router)
+    app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return error_response(exc, request_id(request))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(_describe(e) for e in exc.errors()[:8])
+        return error_response(ApiError("validation_error", problems), request_id(request))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if isinstance(exc.__cause__, ApiError):  # raised while FastAPI read the body
+            return error_response(exc.__cause__, request_id(request))
+        kind = HTTP_TYPES.get(exc.status_code, "validation_error")
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return error_response(ApiError(kind, message), request_id(request))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> Response:
+        log.exception(
+            "internal error on %s %s",
+            request.method,
+            request.url.path,
+            extra={"request_id": request_id(request)},
+        )
+        error = ApiError("internal_error", f"steward bug: {type(exc).__name__}: {exc}")
+        return error_response(error, request_id(request))
+
+    return app
+
+
+def request_id(request: Request) -> str:
+    return getattr(request.state, "request_id", "") or "-"
+
+
+def _describe(error: dict) -> str:
+    where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+    return f"{where or 'body'}: {error.get('msg', 'invalid')}"

@@ -1,0 +1,89 @@
+"""The OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from steward.errors import ApiError
+from steward.front.respond import Answer, Waiter, respond
+from steward.front.schemas import ChatRequest, CompletionRequest, Sampling
+
+
+def require_key(request: Request) -> None:
+    key = request.app.state.config.api_key
+    if not key:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), key.encode()):
+        raise ApiError(
+            "unauthorized",
+            "Missing or wrong API key (Authorization: Bearer ...).",
+            headers={"www-authenticate": "Bearer"},
+        )
+
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
+
+
+def served_names(request: Request) -> list[str]:
+    supervisor = request.app.state.supervisor
+    return [supervisor.source.model_id, *request.app.state.config.served_model_name]
+
+
+def check_model(request: Request, body: Sampling) -> str:
+    """The served model's id, if `body.model` names this model (SPEC §4); else 404."""
+    names = served_names(request)
+    if body.model in (None, "", "default", *names):
+        return names[0]
+    raise ApiError(
+        "model_not_found",
+        f"The model {body.model!r} is not served here; this server serves "
+        f"{', '.join(repr(n) for n in names)}.",
+    )
+
+
+async def generate(request: Request, kind: str, body: ChatRequest | CompletionRequest):
+    model = check_model(request, body)
+    params: dict[str, Any] = body.params()
+    digest = hashlib.sha256(json.dumps([model, params], sort_keys=True).encode()).hexdigest()
+    request_id = request.state.request_id
+    supervisor = request.app.state.supervisor
+    job = supervisor.submit(params, request_id, digest, body.stream)
+    waiter = Waiter(job, supervisor, request.app.state.config)
+    answer = Answer(kind, model, request_id, body.include_usage())
+    return await respond(waiter, answer, body.stream, request_id)
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, body: ChatRequest):
+    return await generate(request, "chat", body)
+
+
+@router.post("/completions")
+async def completions(request: Request, body: CompletionRequest):
+    return await generate(request, "text", body)
+
+
+@router.get("/models")
+def models(request: Request) -> dict[str, Any]:
+    supervisor = request.app.state.supervisor
+    root = supervisor.source.model_id
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(supervisor.started_at),
+                "owned_by": "steward",
+                "root": root,
+                "context_length": supervisor.context_length,
+            }
+            for name in served_names(request)
+        ],
+    }

@@ -1,0 +1,172 @@
+"""The client's side of a job: wait for it within its deadlines, answer as JSON or SSE.
+
+A streaming response starts only once the first token exists, so a fault before it can
+still be replayed, or answered as an ordinary error response rather than a broken stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from steward.config import ServeConfig
+from steward.errors import ApiError
+from steward.supervisor.jobs import Event, Job
+from steward.supervisor.supervisor import Supervisor
+from steward.worker.protocol import Done, Token
+
+
+class Waiter:
+    """Turns a job's events into values or `ApiError`s, enforcing queue and request deadlines."""
+
+    def __init__(self, job: Job, supervisor: Supervisor, config: ServeConfig) -> None:
+        self.job = job
+        self.supervisor = supervisor
+        self.config = config
+        self.deadline = time.monotonic() + config.request_timeout
+
+    async def next(self) -> Token | Done:
+        job = self.job
+        while True:
+            now = time.monotonic()
+            if job.running or job.finished:
+                timeout = self.deadline - now
+            else:
+                timeout = min(job.queued_at + self.config.queue_timeout, self.deadline) - now
+            try:
+                event: Event = await asyncio.wait_for(job.events.get(), max(timeout, 0))
+            except TimeoutError:
+                if not job.events.empty():
+                    continue
+                if time.monotonic() >= self.deadline:
+                    raise ApiError(
+                        "generation_timeout",
+                        f"No answer within {self.config.request_timeout:.0f} s (request-timeout).",
+                    ) from None
+                if not job.running:
+                    raise self.supervisor.queue_error() from None
+                continue
+            if isinstance(event, ApiError):
+                raise event
+            return event
+
+    def close(self) -> None:
+        if not self.job.finished:
+            self.supervisor.cancel(self.job)
+
+
+class Answer:
+    """Shapes one OpenAI response (chat or text completion) around a job."""
+
+    def __init__(self, kind: str, model: str, request_id: str, include_usage: bool) -> None:
+        self.chat = kind == "chat"
+        self.model = model
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + request_id[:48]
+        self.object = "chat.completion" if self.chat else "text_completion"
+        self.created = int(time.time())
+        self.include_usage = include_usage
+
+    def _base(self, suffix: str = "") -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.object + suffix,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "steward",
+        }
+
+    @staticmethod
+    def usage(done: Done) -> dict[str, int]:
+        return {
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+        }
+
+    def full(self, text: str, done: Done) -> dict[str, Any]:
+        if self.chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": done.finish_reason,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": done.finish_reason,
+            }
+        return {**self._base(), "choices": [choice], "usage": self.usage(done)}
+
+    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> str:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            body = {**self._base(".chunk"), "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            body = {**self._base(), "choices": [choice]}
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def usage_chunk(self, done: Done) -> str:
+        suffix = ".chunk" if self.chat else ""
+        return sse({**self._base(suffix), "choices": [], "usage": self.usage(done)})
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+async def respond(waiter: Waiter, answer: Answer, stream: bool, request_id: str):
+    """Wait for the first event, then answer whole (JSON) or as a stream (SSE)."""
+    try:
+        first = await waiter.next()
+        if not stream:
+            while not isinstance(first, Done):
+                first = await waiter.next()
+            return JSONResponse(answer.full("".join(waiter.job.text), first))
+    except BaseException:
+        waiter.close()
+        raise
+    return StreamingResponse(
+        _stream(waiter, answer, first, request_id),
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
+
+
+async def _stream(
+    waiter: Waiter, answer: Answer, first: Token | Done, request_id: str
+) -> AsyncIterator[str]:
+    event: Token | Done = first
+    opened = False
+    try:
+        while True:
+            if isinstance(event, Done):
+                if not opened:
+                    yield answer.chunk("", first=True)
+                yield answer.chunk(None, event.finish_reason)
+                if answer.include_usage:
+                    yield answer.usage_chunk(event)
+                yield "data: [DONE]\n\n"
+                return
+            yield answer.chunk(event.text, first=not opened)
+            opened = True
+            try:
+                event = await waiter.next()
+            except ApiError as error:
+                yield sse({"error": error.body(request_id)["error"]})
+                return
+    finally:
+        waiter.close()

@@ -1,0 +1,76 @@
+"""Run the front: uvicorn serving the app, the supervisor beside it, signals into a drain.
+
+Signal handling follows uvicorn and trio: the handler only records the signal and
+schedules the drain on the loop; a second SIGINT/SIGTERM forces the exit. uvicorn's own
+habit of re-raising the signal after shutdown is not kept: a drained steward exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from steward.config import ServeConfig
+from steward.front.app import create_app
+from steward.model.resolve import ModelSource
+from steward.supervisor.supervisor import EX_CONFIG, Supervisor
+from steward.worker.injection import FaultSpec
+
+log = logging.getLogger("steward")
+
+
+class FrontServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_signal: asyncio.Event) -> None:
+        super().__init__(config)
+        self.on_signal = on_signal
+        self.loop = asyncio.get_running_loop()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.on_signal.is_set():
+            log.warning("second %s: exiting now", signal.Signals(sig).name)
+            self.should_exit = self.force_exit = True
+        else:
+            log.info("%s: draining", signal.Signals(sig).name)
+            self.loop.call_soon_threadsafe(self.on_signal.set)
+
+
+async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec]) -> int:
+    supervisor = Supervisor(config, source, faults)
+    stop_requested = asyncio.Event()
+    server = FrontServer(
+        uvicorn.Config(
+            create_app(config, supervisor),
+            host=config.host,
+            port=config.port,
+            log_config=None,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+        ),
+        stop_requested,
+    )
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)
+    if serving.done():
+        log.critical("could not listen on %s:%d", config.host, config.port)
+        return EX_CONFIG
+    supervising = asyncio.ensure_future(supervisor.run())
+    stopping = asyncio.ensure_future(stop_requested.wait())
+    await asyncio.wait({stopping, supervisor.exit_code}, return_when=asyncio.FIRST_COMPLETED)
+    if supervisor.exit_code.done():
+        code = supervisor.exit_code.result()
+        await asyncio.sleep(0.2)  # let refused requests' answers go out
+    else:
+        await supervisor.stop(config.drain_timeout)
+        code = 0
+    supervising.cancel()
+    stopping.cancel()
+    await supervisor.close()
+    server.should_exit = True
+    await serving
+    log.info("exit %d", code)
+    return code

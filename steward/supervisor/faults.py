@@ -1,0 +1,104 @@
+"""Fault classification: every failure the worker reports or suffers gets one class here.
+
+The message patterns of Metal, CUDA and CPU backends live in this file and nowhere else.
+A class decides the first response (SPEC §3): `oom` and the backend errors get a canary,
+`worker_crash`, `stall` and `canary_mismatch` get a new worker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+
+OOM = "oom"
+GPU_TIMEOUT = "gpu_timeout"
+GPU_ERROR = "gpu_error"
+BACKEND_ERROR = "backend_error"
+WORKER_CRASH = "worker_crash"
+STALL = "stall"
+CANARY_MISMATCH = "canary_mismatch"
+
+# Classes whose worker may still be healthy: a canary decides.
+CANARY_DECIDES = frozenset({OOM, GPU_TIMEOUT, GPU_ERROR, BACKEND_ERROR})
+
+_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    (
+        OOM,
+        re.compile(
+            r"out of memory|insufficient memory|resource limit exceeded|MemoryError"
+            r"|std::bad_alloc|failed to allocate|unable to allocate|cudaErrorMemoryAllocation"
+            r"|kIOGPUCommandBufferCallbackErrorOutOfMemory|maximum allowed buffer size",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        GPU_TIMEOUT,
+        re.compile(
+            r"GPU Timeout|kIOGPUCommandBufferCallbackErrorTimeout|watchdog"
+            r"|cudaErrorLaunchTimeout",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        GPU_ERROR,
+        re.compile(
+            r"\[METAL\]|\[metal::|command buffer|kIOGPU|\bCUDA\b|cuda[A-Z]\w*|\bcublas|\bcudnn"
+            r"|NCCL|illegal memory access|device-side assert|GPU",
+            re.IGNORECASE,
+        ),
+    ),
+]
+
+_ids = itertools.count(1)
+
+
+def classify(message: str) -> str:
+    """The class of an exception message raised by the backend."""
+    for name, pattern in _PATTERNS:
+        if pattern.search(message):
+            return name
+    return BACKEND_ERROR
+
+
+def describe_exit(code: int | None) -> str:
+    """`-11` -> 'killed by SIGSEGV'."""
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+@dataclass
+class Fault:
+    """One fault, as logged, counted and shown in /health and error envelopes."""
+
+    cls: str
+    message: str
+    generation: int
+    request_id: str | None = None
+    traceback: str = ""
+    action: str = "pending"
+    id: str = field(default_factory=lambda: f"f-{next(_ids)}")
+    at: float = field(default_factory=time.time)
+
+    def ref(self) -> dict[str, str]:
+        """What an error envelope carries (SPEC §4)."""
+        return {"class": self.cls, "id": self.id}
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "class": self.cls,
+            "message": self.message,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at)),
+            "action": self.action,
+            "generation": self.generation,
+            "request_id": self.request_id,
+        }

@@ -1,0 +1,93 @@
+"""A request as the supervisor sees it (`Job`), and the bounded FIFO it waits in.
+
+The HTTP handler owns the client side of a job (it reads `events`); the supervisor owns
+the backend side (it runs, replays or fails the job). Everything happens on one event
+loop, so no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from steward.errors import ApiError
+from steward.worker.protocol import Done, Generate, Token
+
+Event = Token | Done | ApiError
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Job:
+    params: dict[str, Any]  # the Generate fields the client chose
+    seq: int
+    request_id: str
+    digest: str  # hash of model + payload, for quarantine
+    stream: bool = False
+    id: int = field(default_factory=lambda: next(_ids))
+    attempts: int = 0
+    faults: int = 0
+    sent: bool = False  # something of the answer reached the client: no replay
+    running: bool = False
+    finished: bool = False
+    cancelled: bool = False
+    queued_at: float = field(default_factory=time.monotonic)
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    text: list[str] = field(default_factory=list)  # this attempt's answer so far
+
+    def message(self) -> Generate:
+        return Generate(id=self.id, seq=self.seq, attempt=self.attempts, **self.params)
+
+    def add(self, token: Token) -> None:
+        """A token of the current attempt; only a streaming client sees it before the end."""
+        self.text.append(token.text)
+        if self.stream and token.text:
+            self.sent = True
+            self.push(token)
+
+    def push(self, event: Event) -> None:
+        if not self.finished:
+            self.finished = isinstance(event, Done | ApiError)
+            self.events.put_nowait(event)
+
+
+class JobQueue:
+    """Bounded FIFO; replayed jobs go back to the head, they were first in line."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._items: deque[Job] = deque()
+        self._nonempty = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def full(self) -> bool:
+        return len(self._items) >= self.maxsize
+
+    def put(self, job: Job, *, front: bool = False) -> None:
+        job.running = False
+        job.queued_at = time.monotonic()
+        (self._items.appendleft if front else self._items.append)(job)
+        self._nonempty.set()
+
+    def remove(self, job: Job) -> None:
+        if job in self._items:
+            self._items.remove(job)
+
+    def drain(self) -> list[Job]:
+        items, self._items = list(self._items), deque()
+        return items
+
+    async def get(self) -> Job:
+        while not self._items:
+            self._nonempty.clear()
+            await self._nonempty.wait()
+        job = self._items.popleft()
+        job.running = True
+        return job

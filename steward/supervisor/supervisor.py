@@ -1,0 +1,471 @@
+"""The supervisor: owns the worker, the state machine, and every decision after a fault.
+
+One task (`run`) does the work in order: bring a worker up, take the next job, follow it
+to its end; when something fails, classify it (faults.py), canary or replace the worker,
+then replay or settle the job (replay.py). The worker generates one request at a time,
+so a serial loop is both the simplest design and an exact one: there is never a question
+of which request a fault belongs to. HTTP handlers only `submit` and `cancel` jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from steward import __version__
+from steward.config import ServeConfig
+from steward.errors import ApiError
+from steward.model.resolve import ModelSource
+from steward.supervisor import canary, replay
+from steward.supervisor.faults import (
+    CANARY_DECIDES,
+    CANARY_MISMATCH,
+    STALL,
+    WORKER_CRASH,
+    Fault,
+    classify,
+    describe_exit,
+)
+from steward.supervisor.intensity import RestartIntensity
+from steward.supervisor.jobs import Job, JobQueue
+from steward.supervisor.state import State
+from steward.worker.injection import FaultSpec
+from steward.worker.main import WorkerSettings
+from steward.worker.process import WorkerProcess
+from steward.worker.protocol import (
+    Cancel,
+    Done,
+    Failed,
+    FromWorker,
+    Generate,
+    Heartbeat,
+    LoadFailed,
+    Ready,
+    Rejected,
+    Token,
+)
+
+log = logging.getLogger("steward.supervisor")
+
+EX_TEMPFAIL = 75
+EX_CONFIG = 78
+SLOW_FACTOR = 0.5  # decode below half the load-time baseline: degraded
+
+
+class FaultError(Exception):
+    def __init__(self, fault: Fault) -> None:
+        super().__init__(fault.message)
+        self.fault = fault
+
+
+class Exit(Exception):
+    """Recovery is impossible in this process: exit with `code`."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class Supervisor:
+    def __init__(self, config: ServeConfig, source: ModelSource, faults: list[FaultSpec]):
+        self.config = config
+        self.source = source
+        self.fault_specs = faults
+        self.state = State.STARTING
+        self.queue = JobQueue(config.queue_size)
+        self.intensity = RestartIntensity(config.max_restarts, config.restart_window)
+        self.quarantine = replay.Quarantine(config.restart_window)
+        self.faults: deque[Fault] = deque(maxlen=64)
+        self.faults_total = 0
+        self.generation = 0
+        self.context_length: int | None = None
+        self.golden: tuple[int, ...] | None = None
+        self.baseline_tps = 0.0
+        self.recent_tps = 0.0
+        self.exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.started_at = time.time()
+        self.current: Job | None = None
+        self._worker: WorkerProcess | None = None
+        self._inbox: asyncio.Queue[FromWorker | None] = asyncio.Queue()
+        self._heartbeat = time.monotonic()
+        self._seq = itertools.count(1)
+        self._canary_ids = itertools.count(-1, -1)
+        self._bring_up_seconds = 10.0  # until measured: a guess for Retry-After
+        self._recovery_since = time.monotonic()
+        self._job_seconds = 1.0
+
+    # -- the HTTP side ---------------------------------------------------------------
+
+    def submit(self, params: dict[str, Any], request_id: str, digest: str, stream: bool) -> Job:
+        """Queue a request, or refuse it now with the error that says why."""
+        if self.state is State.STOPPING:
+            raise ApiError("server_shutdown", "The server is shutting down.", self.retry_after())
+        if self.state is State.FAILED:
+            raise ApiError(
+                "backend_unavailable",
+                "The backend cannot recover in this process; it is exiting to be restarted.",
+                self.retry_after(),
+                fault=self.faults[-1].ref() if self.faults else None,
+            )
+        if self.quarantine.blocked(digest):
+            raise ApiError(
+                "request_quarantined",
+                "An identical request was in flight at two backend faults; it is refused for "
+                f"{self.config.restart_window:.0f} s.",
+            )
+        if self.queue.full():
+            raise ApiError(
+                "overloaded",
+                f"The request queue is full ({self.queue.maxsize} waiting).",
+                self.retry_after(),
+            )
+        job = Job(params, next(self._seq), request_id, digest, stream)
+        self.queue.put(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone or out of time: drop the job wherever it is."""
+        job.cancelled = True
+        self.queue.remove(job)
+        if job.running and self._worker is not None:
+            self._worker.send(Cancel(job.id))
+
+    def queue_error(self) -> ApiError:
+        """Why a job is still waiting after --queue-timeout."""
+        if self.state.serving:
+            return ApiError(
+                "overloaded",
+                f"No capacity within {self.config.queue_timeout:.0f} s (queue-timeout).",
+                self.retry_after(),
+            )
+        return ApiError(
+            "backend_unavailable",
+            f"The backend is {self.state}; not ready within {self.config.queue_timeout:.0f} s.",
+            self.retry_after(),
+            fault=self.faults[-1].ref() if self.faults else None,
+        )
+
+    def retry_after(self) -> int:
+        """An honest wait: remaining recovery time, or the time to work off the queue."""
+        if self.state in (State.STARTING, State.RECOVERING):
+            left = self._bring_up_seconds - (time.monotonic() - self._recovery_since)
+            return max(1, round(left))
+        return max(1, round(len(self.queue) * self._job_seconds))
+
+    def health(self) -> dict[str, Any]:
+        last = self.faults[-1].summary() if self.faults else None
+        worker = self._worker
+        return {
+            "status": str(self.state),
+            "model": self.source.model_id,
+            "service": "steward",
+            "version": __version__,
+            "worker": {
+                "pid": worker.pid if worker else None,
+                "generation": self.generation,
+                "alive": bool(worker and worker.exitcode is None),
+            },
+            "faults": {"total": self.faults_total, "last": last},
+            "restarts_in_window": self.intensity.in_window(),
+            "queue_depth": len(self.queue),
+            "quarantined": len(self.quarantine),
+            "context_length": self.context_length,
+            "decode_tps": {"baseline": self.baseline_tps, "recent": self.recent_tps},
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Supervise until told to stop; on unrecoverable failure, resolve `exit_code`."""
+        try:
+            if not await self._start_worker():
+                await self._replace()
+            self._serving()
+            while True:
+                job = await self._next_job()
+                if job is not None:
+                    await self._serve(job)
+        except Exit as exc:
+            self._set_state(State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING)
+            log.critical("exiting %d: %s", exc.code, exc.reason)
+            for job in self.queue.drain():
+                job.push(self.queue_error() if exc.code == EX_TEMPFAIL else self._shutdown())
+            if not self.exit_code.done():
+                self.exit_code.set_result(exc.code)
+
+    async def stop(self, drain_timeout: float) -> None:
+        """Drain: refuse new work, let queued and running jobs finish, then stop the worker."""
+        self._set_state(State.STOPPING)
+        deadline = time.monotonic() + drain_timeout
+        while (self.current or len(self.queue)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for job in [*self.queue.drain(), *([self.current] if self.current else [])]:
+            job.push(self._shutdown())
+        if self._worker is not None:
+            await self._worker.stop(timeout=5.0)
+
+    async def close(self) -> None:
+        """Make sure no worker outlives the front's exit."""
+        await self._kill_worker()
+
+    def _shutdown(self) -> ApiError:
+        return ApiError("server_shutdown", "The server shut down before answering.", 1)
+
+    async def _next_job(self) -> Job | None:
+        """Wait for work while watching the idle worker (death, wedged process)."""
+        getter = asyncio.ensure_future(self.queue.get())
+        try:
+            while True:
+                message = asyncio.ensure_future(self._inbox.get())
+                done, _ = await asyncio.wait(
+                    {getter, message}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+                )
+                if message in done:
+                    if message.result() is None:
+                        await self._recover(await self._crash_fault(), None)
+                else:
+                    message.cancel()
+                if getter in done:
+                    return getter.result()
+                if time.monotonic() - self._heartbeat > self.config.stall_timeout:
+                    fault = self._fault(
+                        STALL,
+                        f"worker sent no heartbeat for "
+                        f"{self.config.stall_timeout:.0f} s while idle",
+                    )
+                    await self._recover(fault, None)
+        except BaseException:
+            if getter.done() and not getter.cancelled():
+                self.queue.put(getter.result(), front=True)
+            raise
+        finally:
+            getter.cancel()
+
+    async def _serve(self, job: Job) -> None:
+        if job.cancelled or job.finished:
+            return
+        assert self._worker is not None
+        job.attempts += 1
+        job.text.clear()
+        self.current = job
+        started = time.monotonic()
+        self._worker.send(job.message())
+        try:
+            result = await self._follow(job.id, lambda token: job.add(token))
+        except FaultError as err:
+            await self._recover(err.fault, job)
+            return
+        finally:
+            self.current = None
+        if isinstance(result, Rejected):
+            job.push(ApiError(result.type, result.message))
+            return
+        job.push(result)
+        self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - started)
+        if result.completion_tokens >= canary.MAX_TOKENS and result.decode_tps > 0:
+            self.recent_tps = result.decode_tps
+            self._serving()
+
+    async def _follow(self, req_id: int, on_token: Callable[[Token], None]) -> Done | Rejected:
+        """Pump one generation's messages until it ends; a failure raises FaultError."""
+        while True:
+            msg = await self._receive(self.config.stall_timeout, req_id)
+            if isinstance(msg, Token) and msg.id == req_id:
+                on_token(msg)
+            elif isinstance(msg, Done | Rejected) and msg.id == req_id:
+                return msg
+            elif isinstance(msg, Failed) and msg.id == req_id:
+                fault = self._fault(classify(msg.message), msg.message, msg.traceback)
+                raise FaultError(fault)
+
+    async def _receive(self, timeout: float, req_id: int | None = None) -> FromWorker:
+        """The worker's next message; no message within `timeout` s is a stall."""
+        try:
+            msg = await asyncio.wait_for(self._inbox.get(), timeout)
+        except TimeoutError:
+            what = "request" if req_id is not None and req_id > 0 else "canary or load"
+            fault = self._fault(STALL, f"no progress on the {what} for {timeout:.0f} s")
+            raise FaultError(fault) from None
+        if msg is None:
+            raise FaultError(await self._crash_fault())
+        return msg
+
+    # -- faults and recovery ----------------------------------------------------------
+
+    async def _recover(self, fault: Fault, job: Job | None) -> None:
+        """Decide and act: keep the worker (canary passed) or replace it; settle the job."""
+        if job is not None:
+            fault.request_id = job.request_id
+        self._record(fault)
+        self._set_state(State.RECOVERING)
+        if job is not None:
+            replay.before_recovery(job, fault, self.quarantine, self.retry_after())
+        kept, verdict = False, ""
+        try:
+            if fault.cls in CANARY_DECIDES:
+                failed = await self._canary()
+                kept = failed is None
+                verdict = "" if kept else f"canary failed ({failed.cls}); "
+            if kept:
+                fault.action = "kept worker (canary passed)"
+            elif self.config.on_fault == "exit":
+                raise Exit(EX_TEMPFAIL, f"{fault.cls} fault and --on-fault exit")
+            else:
+                fault.action = verdict + "replacing worker"
+                await self._replace()
+                fault.action = verdict + f"replaced worker (generation {self.generation})"
+        except Exit as exc:
+            fault.action = verdict + f"exit {exc.code}"
+            raise
+        finally:
+            self._log_fault(fault)
+        if job is not None and replay.after_recovery(job, fault, kept):
+            log.info("replaying request %s (attempt %d)", job.request_id, job.attempts + 1)
+            self.queue.put(job, front=True)
+        self._serving()
+
+    async def _replace(self) -> None:
+        """Kill the worker and start another, within the restart intensity."""
+        for _attempt in range(2):
+            await self._kill_worker()
+            if not self.intensity.allow():
+                raise Exit(
+                    EX_TEMPFAIL,
+                    f"more than {self.config.max_restarts} restarts in "
+                    f"{self.config.restart_window:.0f} s",
+                )
+            if await self._start_worker():
+                return
+        raise Exit(EX_TEMPFAIL, "a replacement worker failed to come up twice")
+
+    async def _start_worker(self) -> bool:
+        """Spawn, load, canary. False (fault recorded) when this worker cannot serve."""
+        self.generation += 1
+        self._recovery_since = time.monotonic()
+        self._inbox = asyncio.Queue()
+        self._heartbeat = time.monotonic()
+        settings = WorkerSettings(
+            self.source,
+            self.generation,
+            self.fault_specs,
+            os.getpid(),
+            self.config.worker_memory_limit,
+        )
+        self._worker = await WorkerProcess.spawn(settings)
+        self._pumping = asyncio.ensure_future(self._pump(self._worker, self._inbox))
+        log.info("worker %d started (pid %d)", self.generation, self._worker.pid)
+        try:
+            msg = await self._receive(self.config.load_timeout)
+            while not isinstance(msg, Ready | LoadFailed):
+                msg = await self._receive(self.config.load_timeout)
+            if isinstance(msg, LoadFailed):
+                if msg.config:
+                    raise Exit(EX_CONFIG, f"model unusable: {msg.message}")
+                raise FaultError(self._fault(classify(msg.message), msg.message, msg.traceback))
+            self.context_length = msg.context_length
+            failure = await self._canary()
+            if failure is not None:
+                raise FaultError(failure)
+        except FaultError as err:
+            err.fault.action = "worker discarded (failed to come up)"
+            self._record(err.fault)
+            self._log_fault(err.fault)
+            await self._kill_worker()
+            return False
+        self._bring_up_seconds = time.monotonic() - self._recovery_since
+        log.info("worker %d ready in %.2f s", self.generation, self._bring_up_seconds)
+        return True
+
+    async def _canary(self) -> Fault | None:
+        """Run the canary on the current worker: None if it passed, else the fault."""
+        assert self._worker is not None
+        req = Generate(id=next(self._canary_ids), seq=0, attempt=1, **canary.params())
+        tokens: list[int] = []
+        self._worker.send(req)
+        try:
+            done = await self._follow(
+                req.id, lambda t: tokens.append(t.token) if t.token >= 0 else None
+            )
+        except FaultError as err:
+            return err.fault
+        if not isinstance(done, Done) or not tokens:
+            return self._fault(CANARY_MISMATCH, f"canary produced no tokens ({done})")
+        if self.golden is None:
+            self.golden, self.baseline_tps = tuple(tokens), done.decode_tps
+            log.info("canary golden tokens %s, decode %.1f tok/s", self.golden, done.decode_tps)
+        elif tuple(tokens) != self.golden:
+            return self._fault(
+                CANARY_MISMATCH, f"canary tokens {tokens} differ from golden {list(self.golden)}"
+            )
+        return None
+
+    async def _pump(self, worker: WorkerProcess, inbox: asyncio.Queue[FromWorker | None]) -> None:
+        """Move one worker's messages into its inbox; None marks its end."""
+        try:
+            while True:
+                msg = await worker.recv()
+                if not isinstance(msg, Heartbeat):
+                    inbox.put_nowait(msg)
+                elif worker is self._worker:
+                    self._heartbeat = time.monotonic()
+        except EOFError:
+            inbox.put_nowait(None)
+
+    async def _crash_fault(self) -> Fault:
+        worker = self._worker
+        code = None
+        if worker is not None:
+            await worker.wait(2.0)
+            code = worker.exitcode
+        return self._fault(WORKER_CRASH, f"worker {describe_exit(code)}")
+
+    async def _kill_worker(self) -> None:
+        if self._worker is not None:
+            await self._worker.kill()
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def _fault(self, cls: str, message: str, traceback: str = "") -> Fault:
+        return Fault(cls, message, self.generation, traceback=traceback)
+
+    def _record(self, fault: Fault) -> None:
+        if fault not in self.faults:
+            self.faults.append(fault)
+            self.faults_total += 1
+
+    def _log_fault(self, fault: Fault) -> None:
+        log.error(
+            "fault %s class=%s request=%s generation=%d action=%s: %s",
+            fault.id,
+            fault.cls,
+            fault.request_id,
+            fault.generation,
+            fault.action,
+            fault.message,
+            extra={
+                "fault": fault.summary(),
+                "request_id": fault.request_id,
+                "traceback": fault.traceback,
+            },
+        )
+
+    def _serving(self) -> None:
+        """Back to serving: `degraded` while faults are recent or decode is slow."""
+        recent = bool(self.faults) and (
+            time.time() - self.faults[-1].at < self.config.restart_window
+        )
+        slow = self.recent_tps and self.recent_tps < SLOW_FACTOR * self.baseline_tps
+        self._set_state(State.DEGRADED if recent or slow else State.READY)
+
+    def _set_state(self, state: State) -> None:
+        if state is not self.state and self.state is not State.STOPPING:
+            log.info("state %s -> %s", self.state, state)
+            self.state = state

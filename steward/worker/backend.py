@@ -1,0 +1,112 @@
+"""The MLX backend: one loaded model, one generation at a time, fault points wired in.
+
+Everything that touches mlx lives here and in `steward.model.gguf`; the front never
+imports either. Request-level problems (a prompt too long) come back as `Rejected`;
+anything the backend raises propagates, to be reported as `Failed` and classified by
+the supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm import load, stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+from steward.model.gguf import materialize
+from steward.model.resolve import ModelSource
+from steward.worker.injection import Injector
+from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected, Token
+from steward.worker.stops import StopMatcher
+
+
+def context_length(model_dir: Path) -> int:
+    config = json.loads((model_dir / "config.json").read_text())
+    text_config = config.get("text_config", config)
+    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+        if isinstance(text_config.get(key), int):
+            return text_config[key]
+    return 4096
+
+
+class Backend:
+    def __init__(self, model_dir: Path, injector: Injector) -> None:
+        self.injector = injector
+        injector.hit("load")
+        self.model, self.tokenizer = load(str(model_dir))
+        self.context_length = context_length(model_dir)
+
+    @classmethod
+    def load(cls, source: ModelSource, injector: Injector) -> Backend:
+        return cls(materialize(source), injector)
+
+    def encode(self, req: Generate) -> list[int]:
+        if req.messages is not None:
+            return list(
+                self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
+            )
+        return list(self.tokenizer.encode(req.prompt or ""))
+
+    def generate(
+        self,
+        req: Generate,
+        emit: Callable[[FromWorker], None],
+        cancelled: Callable[[], bool],
+    ) -> Done | Rejected:
+        tokens = self.encode(req)
+        room = self.context_length - len(tokens)
+        if room < (req.max_tokens or 1):
+            return Rejected(
+                req.id,
+                "context_length_exceeded",
+                f"This model's maximum context length is {self.context_length} tokens; the "
+                f"prompt has {len(tokens)} tokens and {req.max_tokens or 1} were requested "
+                "for the completion.",
+            )
+        text = req.prompt if req.messages is None else json.dumps(req.messages)
+        self.injector.hit("prefill", req.seq, req.attempt, text or "")
+        if req.seed is not None:
+            mx.random.seed(req.seed)
+        stops = StopMatcher(req.stop)
+        start = time.perf_counter()
+        first = start
+        count = 0
+        finish = "length"
+        for step, out in enumerate(
+            stream_generate(
+                self.model,
+                self.tokenizer,
+                tokens,
+                max_tokens=req.max_tokens or room,
+                sampler=make_sampler(req.temperature, req.top_p),
+                prompt_progress_callback=lambda *_: emit(Progress(req.id)),
+            )
+        ):
+            if step == 0:
+                first = time.perf_counter()
+            else:
+                self.injector.hit("decode", req.seq, req.attempt, text or "")
+            eos = out.finish_reason == "stop"
+            count += not eos
+            piece, stopped = stops.feed(out.text)
+            if stopped or out.finish_reason:
+                piece += "" if stopped else stops.flush()
+                finish = "stop" if stopped or eos else "length"
+            if piece or not eos:
+                emit(Token(req.id, -1 if eos else out.token, piece))
+            if stopped or cancelled():
+                finish = finish if stopped else "cancelled"
+                break
+        elapsed = time.perf_counter() - first
+        return Done(
+            req.id,
+            finish,
+            prompt_tokens=len(tokens),
+            completion_tokens=count,
+            ttft=first - start,
+            decode_tps=(count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0,
+        )

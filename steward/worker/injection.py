@@ -1,0 +1,113 @@
+"""Fault injection (SPEC §6): `POINT:ACTION[:TRIGGER]`, for tests and drills only.
+
+Parsed in the front (a bad spec is a configuration error) and acted on in the worker.
+The messages imitate what real backends print, so the fault classifier sees injected
+faults exactly as it would see real ones; nothing here tells the supervisor "injected".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+POINTS = ("load", "prefill", "decode")
+ACTIONS = ("raise", "poison", "hang", "crash", "oom", "slow")
+
+GPU_TIMEOUT = (
+    "[METAL] Command buffer execution failed: Caused GPU Timeout Error "
+    "(00000002:kIOGPUCommandBufferCallbackErrorTimeout) [injected]"
+)
+OUT_OF_MEMORY = (
+    "[METAL] Command buffer execution failed: Insufficient Memory "
+    "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory) [injected]"
+)
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    point: str
+    action: str
+    seconds: float = 0.0
+    nth: int | None = 1
+    marker: str | None = None
+
+    @property
+    def every(self) -> bool:
+        return self.nth is None and self.marker is None
+
+
+def parse(text: str) -> FaultSpec:
+    """`decode:poison:nth=3` -> FaultSpec; ValueError says what is wrong."""
+    parts = text.strip().split(":", 2)
+    if len(parts) < 2:
+        raise ValueError(f"fault spec {text!r}: expected POINT:ACTION[:TRIGGER]")
+    point, action = parts[0], parts[1]
+    trigger = parts[2] if len(parts) == 3 else "nth=1"
+    if point not in POINTS:
+        raise ValueError(f"fault spec {text!r}: point must be one of {', '.join(POINTS)}")
+    name, _, arg = action.partition("=")
+    if name not in ACTIONS or (name == "slow") != bool(arg):
+        raise ValueError(f"fault spec {text!r}: action must be one of {', '.join(ACTIONS)}=S")
+    seconds = float(arg) if arg else 0.0
+    if trigger == "every":
+        return FaultSpec(point, name, seconds, nth=None)
+    key, _, value = trigger.partition("=")
+    if key == "nth" and value.isdigit() and int(value) >= 1:
+        return FaultSpec(point, name, seconds, nth=int(value))
+    if key == "marker" and value and point != "load":
+        return FaultSpec(point, name, seconds, nth=None, marker=value)
+    raise ValueError(f"fault spec {text!r}: trigger must be nth=N, every or marker=TEXT")
+
+
+def parse_all(texts: list[str]) -> list[FaultSpec]:
+    """Each text may hold several specs separated by ';' (as STEWARD_INJECT_FAULT does)."""
+    return [parse(t) for text in texts for t in text.split(";") if t.strip()]
+
+
+class Injector:
+    """The worker's side: `hit()` at each injection point; acts when a spec matches.
+
+    `nth` counts requests the server received (the front numbers them, across workers)
+    and fires on a request's first attempt only, so a replay is not faulted again;
+    `marker` fires on every attempt (a poison request); for `load`, `nth` counts workers.
+    """
+
+    def __init__(self, specs: list[FaultSpec], generation: int) -> None:
+        self.specs = specs
+        self.generation = generation
+        self.poisoned = False
+
+    def hit(self, point: str, seq: int = 0, attempt: int = 1, prompt: str = "") -> None:
+        if self.poisoned:
+            raise RuntimeError(GPU_TIMEOUT)
+        for spec in self.specs:
+            if spec.point == point and self._matches(spec, seq, attempt, prompt):
+                self._act(spec)
+
+    def _matches(self, spec: FaultSpec, seq: int, attempt: int, prompt: str) -> bool:
+        if spec.every:
+            return True
+        if spec.marker is not None:
+            return spec.marker in prompt
+        if spec.point == "load":
+            return spec.nth == self.generation
+        return spec.nth == seq and attempt == 1
+
+    def _act(self, spec: FaultSpec) -> None:
+        if spec.action == "slow":
+            time.sleep(spec.seconds)
+        elif spec.action == "raise":
+            raise RuntimeError(GPU_TIMEOUT)
+        elif spec.action == "poison":
+            self.poisoned = True
+            raise RuntimeError(GPU_TIMEOUT)
+        elif spec.action == "oom":
+            raise RuntimeError(OUT_OF_MEMORY)
+        elif spec.action == "hang":
+            while True:
+                time.sleep(3600)
+        elif spec.action == "crash":
+            print("steward worker: injected crash, aborting", file=sys.stderr, flush=True)
+            os.abort()

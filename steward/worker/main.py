@@ -1,0 +1,111 @@
+"""The worker process: load the model, then serve `Generate` messages until told to stop.
+
+Threads: the main thread runs the backend (MLX wants one thread); a reader thread takes
+messages off the socket so `Cancel` lands mid-generation and a dead front is noticed at
+once (EOF); a heartbeat thread shows the front that the process and its GIL are alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import resource
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from steward.model.resolve import ModelError, ModelSource
+from steward.worker import lifeline
+from steward.worker.channel import BlockingChannel
+from steward.worker.injection import FaultSpec, Injector
+from steward.worker.protocol import (
+    Cancel,
+    Failed,
+    FromWorker,
+    Generate,
+    Heartbeat,
+    LoadFailed,
+    Ready,
+    Shutdown,
+    decode_to_worker,
+    encode,
+)
+
+HEARTBEAT_INTERVAL = 1.0
+# Raised while reading a model's files or config: restarting the process cannot help.
+CONFIG_ERRORS = (ModelError, OSError, ValueError, KeyError, json.JSONDecodeError)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    source: ModelSource
+    generation: int
+    faults: list[FaultSpec]
+    parent_pid: int
+    memory_limit: int | None = None
+
+
+def run(sock: socket.socket, settings: WorkerSettings) -> None:
+    """Entry point of the spawned process."""
+    lifeline.hold(settings.parent_pid)
+    if settings.memory_limit:
+        resource.setrlimit(resource.RLIMIT_AS, (settings.memory_limit, settings.memory_limit))
+    channel = BlockingChannel(sock)
+
+    def send(msg: FromWorker) -> None:
+        channel.send(encode(msg))
+
+    threading.Thread(target=_beat, args=(send,), daemon=True, name="heartbeat").start()
+    from steward.worker.backend import Backend  # mlx import after the rlimit is set
+
+    started = time.perf_counter()
+    try:
+        backend = Backend.load(settings.source, Injector(settings.faults, settings.generation))
+    except CONFIG_ERRORS as exc:
+        send(LoadFailed(True, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        return
+    except Exception as exc:
+        send(LoadFailed(False, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        return
+    send(Ready(os.getpid(), backend.context_length, time.perf_counter() - started))
+
+    inbox: queue.SimpleQueue[Generate | None] = queue.SimpleQueue()
+    cancelled: set[int] = set()
+    threading.Thread(
+        target=_read, args=(channel, inbox, cancelled), daemon=True, name="reader"
+    ).start()
+    while (req := inbox.get()) is not None:
+        try:
+            send(backend.generate(req, send, lambda req=req: req.id in cancelled))
+        except Exception as exc:
+            send(Failed(req.id, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        cancelled.discard(req.id)
+
+
+def _read(
+    channel: BlockingChannel, inbox: queue.SimpleQueue[Generate | None], cancelled: set[int]
+) -> None:
+    while True:
+        try:
+            msg = decode_to_worker(channel.recv())
+        except EOFError:
+            os._exit(0)  # the front is gone: nobody is left to serve
+        if isinstance(msg, Cancel):
+            cancelled.add(msg.id)
+        elif isinstance(msg, Shutdown):
+            inbox.put(None)
+        else:
+            inbox.put(msg)
+
+
+def _beat(send: Callable[[FromWorker], None]) -> None:
+    while True:
+        try:
+            send(Heartbeat())
+        except OSError:
+            os._exit(0)
+        time.sleep(HEARTBEAT_INTERVAL)

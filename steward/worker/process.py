@@ -1,0 +1,74 @@
+"""The front's handle on one worker process: spawn, talk, stop, kill.
+
+`spawn` (never fork): the front runs threads and an event loop, which fork would copy
+half-way; a spawned child starts clean and imports mlx itself. Death is seen as EOF on
+the socketpair (the child holds the only other end), so no sentinel thread is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import socket
+
+from steward.worker.channel import AsyncChannel
+from steward.worker.main import WorkerSettings, run
+from steward.worker.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
+
+_spawn = multiprocessing.get_context("spawn")
+
+
+class WorkerProcess:
+    def __init__(self, process: multiprocessing.process.BaseProcess, channel: AsyncChannel):
+        self.process = process
+        self.channel = channel
+
+    @classmethod
+    async def spawn(cls, settings: WorkerSettings) -> WorkerProcess:
+        ours, theirs = socket.socketpair()
+        process = _spawn.Process(
+            target=run, args=(theirs, settings), name=f"steward-worker-{settings.generation}"
+        )
+        process.daemon = True
+        process.start()
+        theirs.close()
+        return cls(process, await AsyncChannel.open(ours))
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid or 0
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def send(self, msg: ToWorker) -> None:
+        self.channel.send(encode(msg))
+
+    async def recv(self) -> FromWorker:
+        """Next message; EOFError once the worker is gone."""
+        return decode_from_worker(await self.channel.recv())
+
+    async def stop(self, timeout: float) -> None:
+        """Polite, then firm: Shutdown, wait, SIGTERM, wait, SIGKILL."""
+        self.send(Shutdown())
+        if not await self.wait(timeout):
+            self.process.terminate()
+            if not await self.wait(2.0):
+                await self.kill()
+        self.channel.close()
+
+    async def kill(self) -> None:
+        """SIGKILL and reap, without letting an unkillable child block the event loop."""
+        if self.process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, 9)
+        await self.wait(5.0)
+        self.channel.close()
+
+    async def wait(self, timeout: float) -> bool:
+        """Reap the process within `timeout` s, in a thread; True if it has exited."""
+        await asyncio.to_thread(self.process.join, timeout)
+        return self.process.exitcode is not None

@@ -1,0 +1,112 @@
+"""Messages between the front and the worker.
+
+Every message is a frozen, tagged `msgspec.Struct`, encoded as msgpack; every message
+about a request carries its id, so the worker may interleave many requests (continuous
+batching) without a protocol change. Decoding a union of tagged structs gives one type
+per message: no `isinstance` ladders over loosely shaped dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class _Msg(msgspec.Struct, tag=True, tag_field="msg", frozen=True, array_like=True):
+    pass
+
+
+# front -> worker
+
+
+class Generate(_Msg):
+    """Run one generation. `seq` is the server-wide request number, `attempt` counts replays:
+    both exist for fault injection triggers (SPEC §6), the backend ignores them."""
+
+    id: int
+    seq: int
+    attempt: int
+    max_tokens: int | None
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: list[str] = []
+    seed: int | None = None
+
+
+class Cancel(_Msg):
+    """The client went away: stop generating for it."""
+
+    id: int
+
+
+class Shutdown(_Msg):
+    """Finish nothing more; exit."""
+
+
+# worker -> front
+
+
+class Ready(_Msg):
+    pid: int
+    context_length: int
+    load_seconds: float
+
+
+class LoadFailed(_Msg):
+    """`config` is true when restarting cannot help (bad path, config, architecture)."""
+
+    config: bool
+    message: str
+    traceback: str
+
+
+class Heartbeat(_Msg):
+    """Sent every second by a worker thread: the process is alive and its GIL is free."""
+
+
+class Progress(_Msg):
+    """The generation loop finished a prefill chunk: a long prompt is not a stall."""
+
+    id: int
+
+
+class Token(_Msg):
+    id: int
+    token: int
+    text: str
+
+
+class Done(_Msg):
+    id: int
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft: float
+    decode_tps: float
+
+
+class Rejected(_Msg):
+    """The request itself is unacceptable (e.g. too long for the context): no fault."""
+
+    id: int
+    type: str
+    message: str
+
+
+class Failed(_Msg):
+    """The backend raised while serving this request: a fault to classify."""
+
+    id: int
+    message: str
+    traceback: str
+
+
+ToWorker = Generate | Cancel | Shutdown
+FromWorker = Ready | LoadFailed | Heartbeat | Progress | Token | Done | Rejected | Failed
+
+encode = msgspec.msgpack.Encoder().encode
+decode_to_worker = msgspec.msgpack.Decoder(ToWorker).decode
+decode_from_worker = msgspec.msgpack.Decoder(FromWorker).decode

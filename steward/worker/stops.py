@@ -1,0 +1,32 @@
+"""Stop strings on a token stream: emit text as soon as it cannot be part of a stop string."""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Add text; return (text safe to emit now, whether a stop string was reached)."""
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[: min(hits)], ""
+            return out, True
+        hold = max((self._overlap(s) for s in self.stops), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+    def _overlap(self, stop: str) -> int:
+        """Length of the longest tail of `pending` that starts `stop`."""
+        for n in range(min(len(stop) - 1, len(self.pending)), 0, -1):
+            if stop.startswith(self.pending[-n:]):
+                return n
+        return 0

@@ -1,0 +1,79 @@
+"""Fault classification from real backend messages, and fault-spec parsing (SPEC §3, §6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from steward.supervisor.faults import classify, describe_exit
+from steward.supervisor.intensity import RestartIntensity
+from steward.worker.injection import GPU_TIMEOUT, OUT_OF_MEMORY, FaultSpec, parse, parse_all
+
+
+@pytest.mark.parametrize(
+    ("message", "cls"),
+    [
+        ("RuntimeError: [METAL] Command buffer execution failed: Caused GPU Timeout Error "
+         "(00000002:kIOGPUCommandBufferCallbackErrorTimeout)", "gpu_timeout"),
+        ("RuntimeError: [METAL] Command buffer execution failed: Insufficient Memory "
+         "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "oom"),
+        ("RuntimeError: [metal::malloc] Attempting to allocate 85899345920 bytes which is "
+         "greater than the maximum allowed buffer size of 77309411328 bytes.", "oom"),
+        ("RuntimeError: cudaMallocAsync(&data, size, stream) failed: out of memory", "oom"),
+        ("RuntimeError: [Event::wait] Resource limit exceeded", "oom"),
+        ("MemoryError: ", "oom"),
+        ("std::bad_alloc", "oom"),
+        ("RuntimeError: [METAL] Command buffer execution failed: Internal Error "
+         "(0000000e:Internal Error)", "gpu_error"),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", "gpu_error"),
+        ("RuntimeError: cudaErrorLaunchFailure", "gpu_error"),
+        ("ValueError: [matmul] Last dimension of first input with shape (1,5) must match",
+         "backend_error"),
+        (GPU_TIMEOUT, "gpu_timeout"),
+        (OUT_OF_MEMORY, "oom"),
+    ],
+)
+def test_classify(message: str, cls: str) -> None:
+    assert classify(message) == cls
+
+
+def test_describe_exit() -> None:
+    assert describe_exit(-11) == "killed by SIGSEGV"
+    assert describe_exit(-6) == "killed by SIGABRT"
+    assert describe_exit(1) == "exited with status 1"
+
+
+@pytest.mark.parametrize(
+    ("text", "spec"),
+    [
+        ("decode:poison:nth=3", FaultSpec("decode", "poison", nth=3)),
+        ("load:poison:every", FaultSpec("load", "poison", nth=None)),
+        ("prefill:raise:marker=BOOM", FaultSpec("prefill", "raise", nth=None, marker="BOOM")),
+        ("decode:slow=0.5", FaultSpec("decode", "slow", 0.5, nth=1)),
+        ("prefill:crash", FaultSpec("prefill", "crash", nth=1)),
+    ],
+)
+def test_parse(text: str, spec: FaultSpec) -> None:
+    assert parse(text) == spec
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["decode", "gpu:raise", "decode:explode", "decode:slow", "decode:raise:nth=0",
+     "decode:raise:sometimes", "load:raise:marker=X", "decode:raise:marker="],
+)
+def test_parse_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="fault spec"):
+        parse(text)
+
+
+def test_parse_all_splits_on_semicolons() -> None:
+    assert len(parse_all(["decode:raise:nth=2;prefill:hang:nth=5", "load:crash"])) == 3
+
+
+def test_restart_intensity() -> None:
+    intensity = RestartIntensity(max_restarts=2, window=60)
+    assert intensity.allow() and intensity.allow()
+    assert not intensity.allow()
+    assert intensity.in_window() == 2
+    expired = RestartIntensity(max_restarts=1, window=0)
+    assert expired.allow() and expired.allow()

@@ -1,0 +1,95 @@
+"""The command line: exit codes, --version, STEWARD_* environment, `steward import`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from steward import __version__
+from steward.model.resolve import resolve_model
+from tests.conftest import ROOT, free_port
+
+
+def steward(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
+    return subprocess.run(
+        [sys.executable, "-m", "steward", *args], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, **(env or {})}, timeout=timeout,
+    )
+
+
+def test_version() -> None:
+    done = steward("--version")
+    assert done.returncode == 0 and __version__ in done.stdout
+
+
+def test_unusable_model_exits_78(tmp_path: Path) -> None:
+    missing = steward("serve", "--model", str(tmp_path / "nope"), "--port", str(free_port()))
+    assert missing.returncode == 78
+    assert "nope" in missing.stderr
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{}")
+    bad = steward("serve", "--model", str(tmp_path / "bad"), "--port", str(free_port()))
+    assert bad.returncode == 78
+
+
+def test_unloadable_model_exits_78_from_the_worker(tmp_path: Path, tiny_model: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in tiny_model.iterdir():
+        if f.suffix != ".safetensors":
+            (broken / f.name).write_bytes(f.read_bytes())
+    done = steward("serve", "--model", str(broken), "--port", str(free_port()), timeout=120)
+    assert done.returncode == 78, done.stderr
+    assert "model unusable" in done.stderr
+
+
+def test_bad_fault_spec_exits_78() -> None:
+    done = steward("serve", "--inject-fault", "decode:explode", "--port", str(free_port()))
+    assert done.returncode == 78
+    assert "decode:explode" in done.stderr
+
+
+def test_flags_read_the_environment(serve, tiny_model: Path) -> None:
+    server = serve(env={"STEWARD_MODEL": str(tiny_model), "STEWARD_API_KEY": "sekrit"})
+    server.wait()  # --port from the fixture, the rest from the environment
+    assert server.http.get("/v1/models").status_code == 401
+    ok = server.http.get("/v1/models", headers={"authorization": "Bearer sekrit"})
+    assert ok.status_code == 200
+    assert ok.json()["data"][0]["id"] == tiny_model.name
+    assert server.http.get("/health/ready").status_code == 200  # health needs no key
+
+
+def test_port_from_the_environment(tiny_model: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "steward", "serve"], cwd=ROOT,
+        env={**os.environ, "STEWARD_PORT": str(port), "STEWARD_MODEL": str(tiny_model)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health/live").status_code == 200
+                return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise AssertionError("STEWARD_PORT not honoured")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_import_command(tmp_path: Path) -> None:
+    gguf = resolve_model(None).path
+    done = steward("import", str(gguf), str(tmp_path / "out"), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "config.json").is_file()
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"not a gguf")
+    assert steward("import", str(bogus)).returncode == 78
