@@ -11,6 +11,7 @@ the config says `rope_traditional: true`, which is MLX's name for the interleave
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -40,7 +41,11 @@ GGML_TYPES = {
 SUPPORTED_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
 GROUP_SIZE = 32  # every supported GGUF quant has 32-element blocks
 
-GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
 BLOCK_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -64,14 +69,15 @@ def materialize(source: ModelSource) -> Path:
     """
     if source.kind == "mlx":
         return source.path
-    st = source.path.stat()
-    key = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}:{IMPORT_VERSION}".encode()).hexdigest()
-    out = cache_dir() / f"{source.path.stem}-{key[:12]}"
-    if not (out / "config.json").is_file():
-        try:
-            import_gguf(source.path, out)
-        except FileExistsError:
-            pass  # another process finished first; its directory is complete
+    try:
+        st = source.path.stat()
+        key = f"{st.st_size}:{st.st_mtime_ns}:{IMPORT_VERSION}".encode()
+        out = cache_dir() / f"{source.path.stem}-{hashlib.sha256(key).hexdigest()[:12]}"
+        if not (out / "config.json").is_file():
+            with contextlib.suppress(FileExistsError):  # another process finished first
+                import_gguf(source.path, out)
+    except OSError as e:  # unreadable file, unwritable or full cache: restarting won't help
+        raise ModelError(f"cannot import {source.path} into {cache_dir()}: {e}") from e
     return out
 
 
@@ -214,16 +220,20 @@ def _config(src: Path, meta: dict[str, Any], weights: dict[str, mx.array]) -> di
         config["rope_scaling"] = {"type": "linear", "factor": get("rope.scaling.factor")}
     elif scaling != "none":
         raise ModelError(f"{src}: unsupported rope scaling {scaling!r}")
-    for key in ("bos", "eos"):
-        if (token := meta.get(f"tokenizer.ggml.{key}_token_id")) is not None:
-            config[f"{key}_token_id"] = token
+    if (bos := meta.get("tokenizer.ggml.bos_token_id")) is not None:
+        config["bos_token_id"] = bos
+    # Stop on every end-of-generation token llama.cpp stops on (llama 3: eos, eot and eom).
+    eog = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    if eog := list(dict.fromkeys(t for t in eog if t is not None)):
+        config["eos_token_id"] = eog[0] if len(eog) == 1 else eog
 
-    bits = {
-        name.removesuffix(".scales"): 32 * weights[name.replace(".scales", ".weight")].shape[-1]
-        // (scales.shape[-1] * GROUP_SIZE)
-        for name, scales in weights.items()
-        if name.endswith(".scales")
-    }
+    bits = {}
+    for name, scales in weights.items():
+        if name.endswith(".scales"):
+            layer = name.removesuffix(".scales")
+            bits[layer] = (
+                32 * weights[f"{layer}.weight"].shape[-1] // (scales.shape[-1] * GROUP_SIZE)
+            )
     if bits:  # per-layer entries where a layer differs, which every mlx-lm version honours
         common = Counter(bits.values()).most_common(1)[0][0]
         config["quantization"] = {"group_size": GROUP_SIZE, "bits": common} | {

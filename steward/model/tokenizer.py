@@ -25,8 +25,8 @@ from tokenizers import (
 
 from .resolve import ModelError
 
-# llama.cpp token types (llama_token_type / gguf TokenType).
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# llama.cpp token types (gguf TokenType) that matter here.
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
 
 LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -52,9 +52,10 @@ def write_tokenizer(meta: dict[str, Any], out: Path) -> None:
         raise ModelError(f"unsupported tokenizer {kind!r} (supported: 'gpt2' BPE, 'llama' SPM)")
 
     # Control tokens are special (hidden when decoding with skip_special_tokens); user-defined
-    # ones are matched whole but rendered as text, as llama.cpp does.
+    # ones are matched whole but rendered as text, as llama.cpp renders them.
     pairs = list(zip(tokens, types, strict=True))
-    tok.add_special_tokens([AddedToken(t, normalized=False) for t, ty in pairs if ty == CONTROL])
+    special = (CONTROL, UNKNOWN)
+    tok.add_special_tokens([AddedToken(t, normalized=False) for t, ty in pairs if ty in special])
     tok.add_tokens([AddedToken(t, normalized=False) for t, ty in pairs if ty == USER_DEFINED])
 
     def token(key: str) -> str | None:

@@ -108,12 +108,7 @@ class Supervisor:
         if self.state is State.STOPPING:
             raise ApiError("server_shutdown", "The server is shutting down.", self.retry_after())
         if self.state is State.FAILED:
-            raise ApiError(
-                "backend_unavailable",
-                "The backend cannot recover in this process; it is exiting to be restarted.",
-                self.retry_after(),
-                fault=self.faults[-1].ref() if self.faults else None,
-            )
+            raise self._exiting(self.faults[-1] if self.faults else None)
         if self.quarantine.blocked(digest):
             raise ApiError(
                 "request_quarantined",
@@ -215,6 +210,14 @@ class Supervisor:
     async def close(self) -> None:
         """Make sure no worker outlives the front's exit."""
         await self._kill_worker()
+
+    def _exiting(self, fault: Fault | None) -> ApiError:
+        return ApiError(
+            "backend_unavailable",
+            "The backend cannot recover in this process; it is exiting to be restarted.",
+            self.retry_after(),
+            fault=fault.ref() if fault else None,
+        )
 
     def _shutdown(self) -> ApiError:
         return ApiError("server_shutdown", "The server shut down before answering.", 1)
@@ -324,6 +327,8 @@ class Supervisor:
                 fault.action = verdict + f"replaced worker (generation {self.generation})"
         except Exit as exc:
             fault.action = verdict + f"exit {exc.code}"
+            if job is not None:
+                job.push(self._exiting(fault))
             raise
         finally:
             self._log_fault(fault)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from steward.model.resolve import ModelError, cache_dir, resolve_model
+from steward.model.resolve import ModelError, ModelSource, cache_dir, resolve_model
 
 
 def mlx_dir(path: Path, config: str = '{"model_type": "llama"}') -> Path:
@@ -38,10 +38,10 @@ def test_resolving_imports_neither_mlx_nor_the_wheel_package() -> None:
 
 def test_gguf_file_and_model_dir(tmp_path: Path) -> None:
     (tmp_path / "tiny.Q8_0.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
-    gguf = resolve_model(str(tmp_path / "tiny.Q8_0.gguf"))
-    assert (gguf.kind, gguf.model_id) == ("gguf", "tiny.Q8_0")
-    model = resolve_model(str(mlx_dir(tmp_path / "my-model")))
-    assert (model.kind, model.path, model.model_id) == ("mlx", tmp_path / "my-model", "my-model")
+    gguf = tmp_path / "tiny.Q8_0.gguf"
+    assert resolve_model(str(gguf)) == ModelSource("gguf", gguf, "tiny.Q8_0")
+    model = mlx_dir(tmp_path / "my-model")
+    assert resolve_model(str(model)) == ModelSource("mlx", model, "my-model")
 
 
 def test_unusable_paths_are_model_errors(tmp_path: Path) -> None:
@@ -67,8 +67,7 @@ def test_hf_cache_snapshot_named_by_refs_main(tmp_path: Path, monkeypatch) -> No
     mlx_dir(repo / "snapshots" / "def")
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc\n")
-    source = resolve_model("org/name")
-    assert (source.kind, source.path, source.model_id) == ("mlx", repo / "snapshots/abc", "org/name")
+    assert resolve_model("org/name") == ModelSource("mlx", repo / "snapshots/abc", "org/name")
 
 
 def test_unknown_repo_is_a_model_error_and_never_downloads(tmp_path: Path, monkeypatch) -> None:
