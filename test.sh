@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")"
 scripts/setup.sh test
 .venv/bin/ruff check steward tests bench
+.venv/bin/ruff format --check steward tests bench
 exec .venv/bin/python -m pytest "$@"

@@ -53,13 +53,25 @@ def measure(started: float, times: list[float]) -> tuple[float, float, int]:
     return ttft, decode, len(times)
 
 
-def start_server(model: Path) -> tuple[subprocess.Popen, str]:
+def start_server(model: Path | None, args: list[str] = ()) -> tuple[subprocess.Popen, str]:
+    """A real `steward serve` on a free port, once it is ready."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    model_args = ["--model", str(model)] if model else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "steward", "serve", "--model", str(model), "--port", str(port),
-         "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "steward",
+            "serve",
+            *model_args,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *args,
+        ],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     url = f"http://127.0.0.1:{port}"
@@ -105,8 +117,10 @@ def main() -> None:
         return statistics.median(r[i] for r in runs)
 
     b_ttft, b_tps, s_ttft, s_tps = med(bare, 0), med(bare, 1), med(served, 0), med(served, 1)
-    print(f"model: {model_dir}  prompt tokens: {len(prompt)}  max tokens: {args.tokens}  "
-          f"runs: {args.runs}  tokens seen: bare {med(bare, 2):.0f}, steward {med(served, 2):.0f}")
+    print(
+        f"model: {model_dir}  prompt tokens: {len(prompt)}  max tokens: {args.tokens}  "
+        f"runs: {args.runs}  tokens seen: bare {med(bare, 2):.0f}, steward {med(served, 2):.0f}"
+    )
     print(f"{'':10}{'TTFT ms':>10}{'decode tok/s':>15}")
     print(f"{'bare':10}{b_ttft * 1e3:>10.1f}{b_tps:>15.1f}")
     print(f"{'steward':10}{s_ttft * 1e3:>10.1f}{s_tps:>15.1f}")

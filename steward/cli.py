@@ -23,6 +23,15 @@ EX_CONFIG = 78
 DEFAULTS = ServeConfig()
 
 
+def byte_size(text: str) -> int:
+    """`2G`, `512M`, `65536`: bytes (powers of 1024)."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
 def _env(flag: str) -> str | None:
     return os.environ.get("STEWARD_" + flag.upper().replace("-", "_"))
 
@@ -82,8 +91,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "served-model-name", str, "another name clients may use for the model")
     _flag(p, "log-json", bool, "log one JSON object per line")
     _flag(p, "log-level", str, "log level")
-    _flag(p, "worker-memory-limit", int, "address-space limit of the worker, bytes")
-    _flag(p, "max-body-bytes", int, "largest request body accepted")
+    _flag(p, "worker-memory-limit", byte_size, "address-space limit of the worker (e.g. 8G)")
+    _flag(p, "max-body-bytes", byte_size, "largest request body accepted")
     _flag(p, "max-edge", int, "longest image edge; larger images are downscaled")
     _flag(p, "max-image-pixels", int, "largest image accepted, in pixels")
     _flag(p, "allow-image-urls", bool, "allow remote image URLs")
@@ -125,7 +134,7 @@ def import_gguf(args: argparse.Namespace) -> int:
     out = args.out or args.gguf.with_suffix("")
     try:
         convert(args.gguf, out)
-    except ModelError as exc:
+    except (ModelError, FileExistsError) as exc:
         print(f"steward import: {exc}", file=sys.stderr)
         return EX_CONFIG
     print(out)

@@ -19,7 +19,6 @@ import httpx
 import openai
 import pytest
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -17,8 +17,12 @@ from tests.conftest import ROOT, free_port
 
 def steward(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
     return subprocess.run(
-        [sys.executable, "-m", "steward", *args], cwd=ROOT, capture_output=True, text=True,
-        env={**os.environ, **(env or {})}, timeout=timeout,
+        [sys.executable, "-m", "steward", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
     )
 
 
@@ -67,9 +71,11 @@ def test_flags_read_the_environment(serve, tiny_model: Path) -> None:
 def test_port_from_the_environment(tiny_model: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "steward", "serve"], cwd=ROOT,
+        [sys.executable, "-m", "steward", "serve"],
+        cwd=ROOT,
         env={**os.environ, "STEWARD_PORT": str(port), "STEWARD_MODEL": str(tiny_model)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 30

@@ -18,7 +18,15 @@ import numpy as np
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def build_tiny_model(out: Path, tokenizer_dir: Path, *, hidden: int = 64, layers: int = 2) -> Path:
+def build_tiny_model(
+    out: Path,
+    tokenizer_dir: Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    context: int = 2048,
+) -> Path:
     """Write a seeded random llama MLX model dir to `out`, with `tokenizer_dir`'s tokenizer."""
     out.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
@@ -27,7 +35,7 @@ def build_tiny_model(out: Path, tokenizer_dir: Path, *, hidden: int = 64, layers
     tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
     added = tokenizer.get("added_tokens", [])
     vocab = 1 + max([*tokenizer["model"]["vocab"].values(), *(t["id"] for t in added)])
-    heads, kv_heads, ffn = 4, 2, 2 * hidden
+    kv_heads, ffn = heads // 2, 2 * hidden
     head_dim = hidden // heads
     config = {
         "model_type": "llama",
@@ -39,7 +47,7 @@ def build_tiny_model(out: Path, tokenizer_dir: Path, *, hidden: int = 64, layers
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "vocab_size": vocab,
-        "max_position_embeddings": 2048,
+        "max_position_embeddings": context,
         "tie_word_embeddings": True,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))

@@ -58,7 +58,7 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
     if serving.done():
         log.critical("could not listen on %s:%d", config.host, config.port)
         return EX_CONFIG
-    supervising = asyncio.ensure_future(supervisor.run())
+    supervisor.start()
     stopping = asyncio.ensure_future(stop_requested.wait())
     await asyncio.wait({stopping, supervisor.exit_code}, return_when=asyncio.FIRST_COMPLETED)
     if supervisor.exit_code.done():
@@ -67,7 +67,6 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
     else:
         await supervisor.stop(config.drain_timeout)
         code = 0
-    supervising.cancel()
     stopping.cancel()
     await supervisor.close()
     server.should_exit = True

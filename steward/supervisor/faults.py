@@ -87,6 +87,8 @@ class Fault:
     action: str = "pending"
     id: str = field(default_factory=lambda: f"f-{next(_ids)}")
     at: float = field(default_factory=time.time)
+    detected: float = field(default_factory=time.monotonic)
+    recovery_s: float | None = None  # detection to serving again
 
     def ref(self) -> dict[str, str]:
         """What an error envelope carries (SPEC §4)."""
@@ -99,6 +101,7 @@ class Fault:
             "message": self.message,
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at)),
             "action": self.action,
+            "recovery_s": self.recovery_s,
             "generation": self.generation,
             "request_id": self.request_id,
         }

@@ -166,6 +166,7 @@ class Supervisor:
                 "pid": worker.pid if worker else None,
                 "generation": self.generation,
                 "alive": bool(worker and worker.exitcode is None),
+                "bring_up_s": round(self._bring_up_seconds, 3),
             },
             "faults": {"total": self.faults_total, "last": last},
             "restarts_in_window": self.intensity.in_window(),
@@ -178,8 +179,11 @@ class Supervisor:
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Supervise until told to stop; on unrecoverable failure, resolve `exit_code`."""
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        """Supervise until stopped; on unrecoverable failure, resolve `exit_code`."""
         try:
             if not await self._start_worker():
                 await self._replace()
@@ -204,11 +208,13 @@ class Supervisor:
             await asyncio.sleep(0.05)
         for job in [*self.queue.drain(), *([self.current] if self.current else [])]:
             job.push(self._shutdown())
+        self._task.cancel()  # a worker exiting on request is no fault
         if self._worker is not None:
             await self._worker.stop(timeout=5.0)
 
     async def close(self) -> None:
         """Make sure no worker outlives the front's exit."""
+        self._task.cancel()
         await self._kill_worker()
 
     def _exiting(self, fault: Fault | None) -> ApiError:
@@ -309,6 +315,7 @@ class Supervisor:
             fault.request_id = job.request_id
         self._record(fault)
         self._set_state(State.RECOVERING)
+        self._recovery_since = time.monotonic()
         if job is not None:
             replay.before_recovery(job, fault, self.quarantine, self.retry_after())
         kept, verdict = False, ""
@@ -329,13 +336,14 @@ class Supervisor:
             fault.action = verdict + f"exit {exc.code}"
             if job is not None:
                 job.push(self._exiting(fault))
-            raise
-        finally:
             self._log_fault(fault)
+            raise
         if job is not None and replay.after_recovery(job, fault, kept):
             log.info("replaying request %s (attempt %d)", job.request_id, job.attempts + 1)
             self.queue.put(job, front=True)
         self._serving()
+        fault.recovery_s = round(time.monotonic() - fault.detected, 3)
+        self._log_fault(fault)
 
     async def _replace(self) -> None:
         """Kill the worker and start another, within the restart intensity."""

@@ -28,8 +28,15 @@ def test_starting_is_503_until_loaded_and_canary_passed(serve, tiny_model) -> No
     assert seen is not None and seen.status_code == 503
     assert seen.json()["status"] == "starting"
     assert int(seen.headers["retry-after"]) >= 1
-    for field in ("model", "service", "version", "worker", "faults", "restarts_in_window",
-                  "queue_depth"):
+    for field in (
+        "model",
+        "service",
+        "version",
+        "worker",
+        "faults",
+        "restarts_in_window",
+        "queue_depth",
+    ):
         assert field in seen.json()
     assert server.http.get("/health/live").status_code == 200
     assert server.http.get("/health/ready").status_code == 503
@@ -60,8 +67,14 @@ def test_live_answers_fast_during_generation(serve, tiny_model) -> None:
 
 def test_full_queue_is_429_and_waiting_is_bounded(serve, tiny_model) -> None:
     server = serve(
-        "--model", str(tiny_model), "--queue-size", "1", "--queue-timeout", "1.5",
-        "--inject-fault", "decode:slow=0.5:every",
+        "--model",
+        str(tiny_model),
+        "--queue-size",
+        "1",
+        "--queue-timeout",
+        "1.5",
+        "--inject-fault",
+        "decode:slow=0.5:every",
     )
     server.wait()
     results: dict[str, httpx.Response] = {}

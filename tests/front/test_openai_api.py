@@ -37,7 +37,11 @@ def test_stream_arrives_chunk_by_chunk(default_server) -> None:
     client = default_server.client()
     arrivals, pieces, finish, usage = [], [], None, None
     stream = client.chat.completions.create(
-        model="default", messages=QUESTION, max_tokens=12, temperature=0, stream=True,
+        model="default",
+        messages=QUESTION,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
     )
     for chunk in stream:
@@ -69,7 +73,9 @@ def test_length_stop_and_seed(default_server) -> None:
     sampled = [
         client.chat.completions.create(
             messages=QUESTION, model="smol", max_tokens=4, temperature=1.0, seed=7
-        ).choices[0].message.content
+        )
+        .choices[0]
+        .message.content
         for _ in range(2)
     ]
     assert sampled[0] == sampled[1]
@@ -77,7 +83,9 @@ def test_length_stop_and_seed(default_server) -> None:
 
 def test_text_completion(default_server) -> None:
     reply = default_server.client().completions.create(
-        model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=3,
+        model="SmolLM2-135M-Instruct",
+        prompt="The capital of France is",
+        max_tokens=3,
         temperature=0,
     )
     assert "Paris" in reply.choices[0].text
@@ -106,18 +114,43 @@ def assert_envelope(response: httpx.Response, status: int, kind: str) -> dict:
 @pytest.mark.parametrize(
     ("method", "path", "payload", "status", "kind"),
     [
-        ("POST", "/v1/chat/completions", {"model": "gpt-4o", "messages": QUESTION}, 404,
-         "model_not_found"),
-        ("POST", "/v1/chat/completions", {"messages": QUESTION, "temperature": 5}, 400,
-         "validation_error"),
+        (
+            "POST",
+            "/v1/chat/completions",
+            {"model": "gpt-4o", "messages": QUESTION},
+            404,
+            "model_not_found",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            {"messages": QUESTION, "temperature": 5},
+            400,
+            "validation_error",
+        ),
         ("POST", "/v1/chat/completions", {"messages": []}, 400, "validation_error"),
         ("POST", "/v1/chat/completions", {"messages": QUESTION, "n": 3}, 400, "validation_error"),
-        ("POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400,
-         "validation_error"),
-        ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 9000}, 400,
-         "context_length_exceeded"),
-        ("POST", "/v1/completions", {"prompt": "hello " * 9000, "max_tokens": 1}, 400,
-         "context_length_exceeded"),
+        (
+            "POST",
+            "/v1/chat/completions",
+            {"messages": [{"role": "robot", "content": "x"}]},
+            400,
+            "validation_error",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            {"prompt": "x", "max_tokens": 9000},
+            400,
+            "context_length_exceeded",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            {"prompt": "hello " * 9000, "max_tokens": 1},
+            400,
+            "context_length_exceeded",
+        ),
         ("GET", "/v1/nothing-here", None, 404, "not_found"),
         ("GET", "/v1/chat/completions", None, 405, "method_not_allowed"),
     ],
@@ -140,7 +173,8 @@ def test_bad_json_and_request_ids(default_server) -> None:
 
 def test_body_too_large(default_server) -> None:
     response = default_server.http.post(
-        "/v1/completions", content=b'{"prompt": "' + b"a" * (9 * 2**20) + b'"}',
+        "/v1/completions",
+        content=b'{"prompt": "' + b"a" * (9 * 2**20) + b'"}',
         headers={"content-type": "application/json"},
     )
     assert_envelope(response, 413, "request_too_large")

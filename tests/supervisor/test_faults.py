@@ -12,22 +12,36 @@ from steward.worker.injection import GPU_TIMEOUT, OUT_OF_MEMORY, FaultSpec, pars
 @pytest.mark.parametrize(
     ("message", "cls"),
     [
-        ("RuntimeError: [METAL] Command buffer execution failed: Caused GPU Timeout Error "
-         "(00000002:kIOGPUCommandBufferCallbackErrorTimeout)", "gpu_timeout"),
-        ("RuntimeError: [METAL] Command buffer execution failed: Insufficient Memory "
-         "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "oom"),
-        ("RuntimeError: [metal::malloc] Attempting to allocate 85899345920 bytes which is "
-         "greater than the maximum allowed buffer size of 77309411328 bytes.", "oom"),
+        (
+            "RuntimeError: [METAL] Command buffer execution failed: Caused GPU Timeout Error "
+            "(00000002:kIOGPUCommandBufferCallbackErrorTimeout)",
+            "gpu_timeout",
+        ),
+        (
+            "RuntimeError: [METAL] Command buffer execution failed: Insufficient Memory "
+            "(00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)",
+            "oom",
+        ),
+        (
+            "RuntimeError: [metal::malloc] Attempting to allocate 85899345920 bytes which is "
+            "greater than the maximum allowed buffer size of 77309411328 bytes.",
+            "oom",
+        ),
         ("RuntimeError: cudaMallocAsync(&data, size, stream) failed: out of memory", "oom"),
         ("RuntimeError: [Event::wait] Resource limit exceeded", "oom"),
         ("MemoryError: ", "oom"),
         ("std::bad_alloc", "oom"),
-        ("RuntimeError: [METAL] Command buffer execution failed: Internal Error "
-         "(0000000e:Internal Error)", "gpu_error"),
+        (
+            "RuntimeError: [METAL] Command buffer execution failed: Internal Error "
+            "(0000000e:Internal Error)",
+            "gpu_error",
+        ),
         ("RuntimeError: CUDA error: an illegal memory access was encountered", "gpu_error"),
         ("RuntimeError: cudaErrorLaunchFailure", "gpu_error"),
-        ("ValueError: [matmul] Last dimension of first input with shape (1,5) must match",
-         "backend_error"),
+        (
+            "ValueError: [matmul] Last dimension of first input with shape (1,5) must match",
+            "backend_error",
+        ),
         (GPU_TIMEOUT, "gpu_timeout"),
         (OUT_OF_MEMORY, "oom"),
     ],
@@ -58,8 +72,16 @@ def test_parse(text: str, spec: FaultSpec) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["decode", "gpu:raise", "decode:explode", "decode:slow", "decode:raise:nth=0",
-     "decode:raise:sometimes", "load:raise:marker=X", "decode:raise:marker="],
+    [
+        "decode",
+        "gpu:raise",
+        "decode:explode",
+        "decode:slow",
+        "decode:raise:nth=0",
+        "decode:raise:sometimes",
+        "load:raise:marker=X",
+        "decode:raise:marker=",
+    ],
 )
 def test_parse_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="fault spec"):

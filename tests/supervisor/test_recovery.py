@@ -56,14 +56,16 @@ def faults_logged(output: str) -> list[dict]:
 
 
 def test_field_report_scenario_recovers_with_zero_failures(serve, tiny_model) -> None:
-    server = serve("--model", str(tiny_model), "--inject-fault", "decode:poison:nth=3",
-                   "--log-json")
+    server = serve(
+        "--model", str(tiny_model), "--inject-fault", "decode:poison:nth=3", "--log-json"
+    )
     server.wait()
     watch = ReadyWatch(server.url)
     client = server.client()  # default retries, as the field report's client had
     answers = [
-        client.chat.completions.create(model="default", messages=CHAT, max_tokens=4,
-                                       temperature=0).choices[0].message.content
+        client.chat.completions.create(model="default", messages=CHAT, max_tokens=4, temperature=0)
+        .choices[0]
+        .message.content
         for _ in range(70)
     ]
     seen = watch.stop()
@@ -88,10 +90,12 @@ def test_concurrent_and_queued_requests_survive_a_crash(serve, tiny_model) -> No
     server = serve("--model", str(tiny_model), "--inject-fault", "decode:crash:nth=2")
     server.wait()
     with ThreadPoolExecutor(6) as pool:
-        replies = list(pool.map(
-            lambda _: httpx.post(server.url + "/v1/chat/completions", json=BODY, timeout=120),
-            range(6),
-        ))
+        replies = list(
+            pool.map(
+                lambda _: httpx.post(server.url + "/v1/chat/completions", json=BODY, timeout=120),
+                range(6),
+            )
+        )
     assert [r.status_code for r in replies] == [200] * 6
     health = server.health().json()
     assert health["worker"]["generation"] == 2
@@ -100,8 +104,9 @@ def test_concurrent_and_queued_requests_survive_a_crash(serve, tiny_model) -> No
 
 
 def test_hung_request_is_replayed_after_stall(serve, tiny_model) -> None:
-    server = serve("--model", str(tiny_model), "--inject-fault", "decode:hang:nth=2",
-                   "--stall-timeout", "3")
+    server = serve(
+        "--model", str(tiny_model), "--inject-fault", "decode:hang:nth=2", "--stall-timeout", "3"
+    )
     server.wait()
     client = server.client(max_retries=0)
     assert client.chat.completions.create(model="default", messages=CHAT, max_tokens=4)
@@ -129,8 +134,9 @@ def test_poison_request_is_quarantined_without_restarts(serve, tiny_model) -> No
     server.wait()
     poison = {**BODY, "messages": [{"role": "user", "content": "please X-POISON me"}]}
     assert server.http.post("/v1/chat/completions", json=BODY).status_code == 200
-    body = assert_envelope(server.http.post("/v1/chat/completions", json=poison), 422,
-                           "request_quarantined")
+    body = assert_envelope(
+        server.http.post("/v1/chat/completions", json=poison), 422, "request_quarantined"
+    )
     assert body["error"]["fault"]["class"] == "gpu_timeout"
     assert server.health().json()["faults"]["total"] == 2  # two backend attempts, no more
     twin = server.http.post("/v1/chat/completions", json=poison)
@@ -145,8 +151,9 @@ def test_poison_request_is_quarantined_without_restarts(serve, tiny_model) -> No
 def test_stream_faulted_after_first_token_ends_with_error_event(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "decode:raise:nth=1")
     server.wait()
-    with server.http.stream("POST", "/v1/chat/completions",
-                            json={**BODY, "stream": True}) as response:
+    with server.http.stream(
+        "POST", "/v1/chat/completions", json={**BODY, "stream": True}
+    ) as response:
         assert response.status_code == 200
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert "[DONE]" not in events
@@ -162,24 +169,27 @@ def test_stream_faulted_after_first_token_ends_with_error_event(serve, tiny_mode
 def test_request_scoped_oom_is_507(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "prefill:oom:nth=1")
     server.wait()
-    body = assert_envelope(server.http.post("/v1/chat/completions", json=BODY), 507,
-                           "insufficient_memory")
+    body = assert_envelope(
+        server.http.post("/v1/chat/completions", json=BODY), 507, "insufficient_memory"
+    )
     assert body["error"]["fault"]["class"] == "oom"
     assert server.http.post("/v1/chat/completions", json=BODY).status_code == 200
     assert server.health().json()["worker"]["generation"] == 1
 
 
 def test_load_poison_exits_75_within_the_restart_budget(serve, tiny_model) -> None:
-    server = serve("--model", str(tiny_model), "--inject-fault", "load:poison:every",
-                   "--max-restarts", "3")
+    server = serve(
+        "--model", str(tiny_model), "--inject-fault", "load:poison:every", "--max-restarts", "3"
+    )
     assert server.exit_code(120) == 75
     starts = server.output().count("started (pid")
     assert 2 <= starts <= 4
 
 
 def test_on_fault_exit_exits_75_at_once(serve, tiny_model) -> None:
-    server = serve("--model", str(tiny_model), "--inject-fault", "decode:poison:nth=1",
-                   "--on-fault", "exit")
+    server = serve(
+        "--model", str(tiny_model), "--inject-fault", "decode:poison:nth=1", "--on-fault", "exit"
+    )
     server.wait()
     reply = server.http.post("/v1/chat/completions", json=BODY)
     assert_envelope(reply, 503, "backend_unavailable")
@@ -188,8 +198,14 @@ def test_on_fault_exit_exits_75_at_once(serve, tiny_model) -> None:
 
 
 def test_restart_intensity_exceeded_exits_75(serve, tiny_model) -> None:
-    server = serve("--model", str(tiny_model), "--inject-fault", "prefill:crash:marker=BOOM",
-                   "--max-restarts", "1")
+    server = serve(
+        "--model",
+        str(tiny_model),
+        "--inject-fault",
+        "prefill:crash:marker=BOOM",
+        "--max-restarts",
+        "1",
+    )
     server.wait()
     boom = {**BODY, "messages": [{"role": "user", "content": "BOOM"}]}
     reply = server.http.post("/v1/chat/completions", json=boom)
@@ -199,8 +215,14 @@ def test_restart_intensity_exceeded_exits_75(serve, tiny_model) -> None:
 
 def test_hanging_canary_is_bounded(serve, tiny_model) -> None:
     """The canary prompt itself hangs: every worker fails to come up, then exit 75."""
-    server = serve("--model", str(tiny_model), "--inject-fault", "prefill:hang:marker=capital",
-                   "--stall-timeout", "2")
+    server = serve(
+        "--model",
+        str(tiny_model),
+        "--inject-fault",
+        "prefill:hang:marker=capital",
+        "--stall-timeout",
+        "2",
+    )
     assert server.exit_code(90) == 75
     assert "stall" in server.output()
 
@@ -209,9 +231,14 @@ def test_sigterm_lets_the_running_request_finish(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "decode:slow=0.4:every")
     server.wait()
     result: dict[str, httpx.Response] = {}
-    running = threading.Thread(target=lambda: result.setdefault(
-        "r", httpx.post(server.url + "/v1/chat/completions", json={**BODY, "max_tokens": 8},
-                        timeout=60)))
+    running = threading.Thread(
+        target=lambda: result.setdefault(
+            "r",
+            httpx.post(
+                server.url + "/v1/chat/completions", json={**BODY, "max_tokens": 8}, timeout=60
+            ),
+        )
+    )
     running.start()
     time.sleep(1.0)
     server.proc.send_signal(signal.SIGTERM)

@@ -19,8 +19,15 @@ from steward.worker.protocol import (
 
 
 def test_messages_round_trip() -> None:
-    msg = Generate(id=3, seq=7, attempt=1, max_tokens=5, messages=[{"role": "user",
-                   "content": "hé 世界"}], stop=["\n"], seed=1)
+    msg = Generate(
+        id=3,
+        seq=7,
+        attempt=1,
+        max_tokens=5,
+        messages=[{"role": "user", "content": "hé 世界"}],
+        stop=["\n"],
+        seed=1,
+    )
     assert decode_to_worker(encode(msg)) == msg
     done = Done(3, "stop", 10, 4, 0.5, 30.0)
     assert decode_from_worker(encode(done)) == done
