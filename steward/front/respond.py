@@ -88,6 +88,17 @@ class Answer:
             "total_tokens": done.prompt_tokens + done.completion_tokens,
         }
 
+    @staticmethod
+    def timings(done: Done) -> dict[str, float]:
+        """The worker's own clock, as llama.cpp's server reports it: what HTTP and IPC add
+        is the difference between these and what a client measures."""
+        return {
+            "prompt_n": done.prompt_tokens,
+            "prompt_ms": round(done.ttft * 1e3, 3),
+            "predicted_n": done.completion_tokens,
+            "predicted_per_second": round(done.decode_tps, 2),
+        }
+
     def full(self, text: str, done: Done) -> dict[str, Any]:
         if self.chat:
             choice = {
@@ -103,9 +114,11 @@ class Answer:
                 "logprobs": None,
                 "finish_reason": done.finish_reason,
             }
-        return {**self._base(), "choices": [choice], "usage": self.usage(done)}
+        usage, timings = self.usage(done), self.timings(done)
+        return {**self._base(), "choices": [choice], "usage": usage, "timings": timings}
 
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> str:
+    def chunk(self, text: str | None, done: Done | None = None, first: bool = False) -> str:
+        finish = done.finish_reason if done else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
@@ -117,6 +130,8 @@ class Answer:
             body = {**self._base(), "choices": [choice]}
         if self.include_usage:
             body["usage"] = None
+        if done is not None:
+            body["timings"] = self.timings(done)
         return sse(body)
 
     def usage_chunk(self, done: Done) -> str:
@@ -156,7 +171,7 @@ async def _stream(
             if isinstance(event, Done):
                 if not opened:
                     yield answer.chunk("", first=True)
-                yield answer.chunk(None, event.finish_reason)
+                yield answer.chunk(None, event)
                 if answer.include_usage:
                     yield answer.usage_chunk(event)
                 yield "data: [DONE]\n\n"

@@ -278,6 +278,15 @@ class Supervisor:
             job.push(ApiError(result.type, result.message))
             return
         job.push(result)
+        log.debug(
+            "request %s done: %s, %d+%d tokens, worker ttft %.1f ms, decode %.1f tok/s",
+            job.request_id,
+            result.finish_reason,
+            result.prompt_tokens,
+            result.completion_tokens,
+            result.ttft * 1e3,
+            result.decode_tps,
+        )
         self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - started)
         if result.completion_tokens >= canary.MAX_TOKENS and result.decode_tps > 0:
             self.recent_tps = result.decode_tps
