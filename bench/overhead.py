@@ -43,7 +43,7 @@ def steward_run(client: httpx.Client, tokens: int) -> tuple[float, float, int, d
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
                 choice = chunk["choices"][0]
-                if choice["delta"].get("content") is not None or choice["finish_reason"]:
+                if choice["delta"].get("content"):  # one per token, as bare's yields
                     times.append(time.perf_counter())
                 timings = chunk.get("timings", timings)
     return (*measure(started, times), timings)

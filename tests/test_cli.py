@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +51,15 @@ def test_unloadable_model_exits_78_from_the_worker(tmp_path: Path, tiny_model: P
     done = steward("serve", "--model", str(broken), "--port", str(free_port()), timeout=120)
     assert done.returncode == 78, done.stderr
     assert "model unusable" in done.stderr
+
+
+def test_taken_port_exits_78() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = steward("serve", "--port", str(taken.getsockname()[1]))
+    assert done.returncode == 78
+    assert "cannot listen" in done.stderr
 
 
 def test_bad_fault_spec_exits_78() -> None:

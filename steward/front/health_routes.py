@@ -6,17 +6,50 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from steward import __version__
 from steward.supervisor.state import State
+from steward.supervisor.supervisor import Supervisor
 
 router = APIRouter()
 
 
+def health_body(supervisor: Supervisor) -> dict[str, Any]:
+    """The SPEC §2 fields, and what else an operator wants at a glance."""
+    link = supervisor.link
+    faults = supervisor.faults
+    return {
+        "status": str(supervisor.state),
+        "model": supervisor.source.model_id,
+        "service": "steward",
+        "version": __version__,
+        "worker": {
+            "pid": link.pid if link else None,
+            "generation": supervisor.generation,
+            "alive": bool(link and link.worker.exitcode is None),
+            "bring_up_s": round(supervisor.bring_up_seconds, 3),
+        },
+        "faults": {
+            "total": supervisor.faults_total,
+            "last": faults[-1].summary() if faults else None,
+        },
+        "restarts_in_window": supervisor.intensity.in_window(),
+        "queue_depth": len(supervisor.queue),
+        "quarantined": len(supervisor.quarantine),
+        "context_length": supervisor.context_length,
+        "decode_tps": {"baseline": supervisor.baseline_tps, "recent": supervisor.recent_tps},
+        "uptime_s": round(time.time() - supervisor.started_at, 1),
+    }
+
+
 def _health(request: Request) -> JSONResponse:
     supervisor = request.app.state.supervisor
-    body = supervisor.health()
+    body = health_body(supervisor)
     if supervisor.state.serving:
         return JSONResponse(body)
     headers = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from types import FrameType
 
 import uvicorn
@@ -38,7 +39,22 @@ class FrontServer(uvicorn.Server):
             self.loop.call_soon_threadsafe(self.on_signal.set)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """Bind before anything else starts, so a taken port is a clear exit 78, not a traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
 async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec]) -> int:
+    try:
+        sock = bind(config.host, config.port)
+    except OSError as exc:
+        log.critical("cannot listen on %s:%d: %s", config.host, config.port, exc)
+        return EX_CONFIG
     supervisor = Supervisor(config, source, faults)
     stop_requested = asyncio.Event()
     server = FrontServer(
@@ -52,12 +68,7 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
         ),
         stop_requested,
     )
-    serving = asyncio.ensure_future(server.serve())
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.01)
-    if serving.done():
-        log.critical("could not listen on %s:%d", config.host, config.port)
-        return EX_CONFIG
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     supervisor.start()
     stopping = asyncio.ensure_future(stop_requested.wait())
     await asyncio.wait({stopping, supervisor.exit_code}, return_when=asyncio.FIRST_COMPLETED)

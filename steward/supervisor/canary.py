@@ -6,17 +6,26 @@ or answers differently means the backend is poisoned and the worker is replaced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+
+from steward.supervisor.faults import CANARY_MISMATCH
+from steward.supervisor.link import FaultError, WorkerLink
+from steward.worker.protocol import Done, Generate
 
 PROMPT = "The capital of France is"
 MAX_TOKENS = 8
 
-
-@dataclass(frozen=True)
-class CanaryResult:
-    tokens: tuple[int, ...]
-    decode_tps: float
+_ids = itertools.count(-1, -1)  # negative: never a client request's id
 
 
-def params() -> dict[str, object]:
-    return {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+async def run(link: WorkerLink, timeout: float) -> tuple[tuple[int, ...], float]:
+    """The canary's token ids and decode speed; FaultError if it raised, hung or crashed."""
+    req = Generate(id=next(_ids), seq=0, attempt=1, prompt=PROMPT, max_tokens=MAX_TOKENS)
+    tokens: list[int] = []
+    link.send(req)
+    done = await link.follow(
+        req.id, lambda t: tokens.append(t.token) if t.token >= 0 else None, timeout, "canary"
+    )
+    if not isinstance(done, Done) or not tokens:
+        raise FaultError(link.fault(CANARY_MISMATCH, f"canary produced no tokens ({done})"))
+    return tuple(tokens), done.decode_tps

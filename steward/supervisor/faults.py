@@ -8,6 +8,7 @@ A class decides the first response (SPEC §3): `oom` and the backend errors get 
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import signal
 import time
@@ -53,6 +54,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 ]
 
 _ids = itertools.count(1)
+log = logging.getLogger("steward.faults")
 
 
 def classify(message: str) -> str:
@@ -105,3 +107,21 @@ class Fault:
             "generation": self.generation,
             "request_id": self.request_id,
         }
+
+
+def log_fault(fault: Fault) -> None:
+    """Once per fault, when its action is known: text for people, fields for machines."""
+    log.error(
+        "fault %s class=%s request=%s generation=%d action=%s: %s",
+        fault.id,
+        fault.cls,
+        fault.request_id,
+        fault.generation,
+        fault.action,
+        fault.message,
+        extra={
+            "fault": fault.summary(),
+            "request_id": fault.request_id,
+            "traceback": fault.traceback,
+        },
+    )

@@ -17,8 +17,3 @@ class State(StrEnum):
     def serving(self) -> bool:
         """Health answers 200 and requests are served."""
         return self in (State.READY, State.DEGRADED)
-
-    @property
-    def accepting(self) -> bool:
-        """New requests may wait in the queue (perhaps for recovery)."""
-        return self in (State.STARTING, State.READY, State.DEGRADED, State.RECOVERING)

@@ -15,10 +15,8 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
-from steward import __version__
 from steward.config import ServeConfig
 from steward.errors import ApiError
 from steward.model.resolve import ModelSource
@@ -27,41 +25,23 @@ from steward.supervisor.faults import (
     CANARY_DECIDES,
     CANARY_MISMATCH,
     STALL,
-    WORKER_CRASH,
     Fault,
     classify,
-    describe_exit,
+    log_fault,
 )
 from steward.supervisor.intensity import RestartIntensity
 from steward.supervisor.jobs import Job, JobQueue
+from steward.supervisor.link import FaultError, WorkerLink
 from steward.supervisor.state import State
 from steward.worker.injection import FaultSpec
 from steward.worker.main import WorkerSettings
-from steward.worker.process import WorkerProcess
-from steward.worker.protocol import (
-    Cancel,
-    Done,
-    Failed,
-    FromWorker,
-    Generate,
-    Heartbeat,
-    LoadFailed,
-    Ready,
-    Rejected,
-    Token,
-)
+from steward.worker.protocol import Cancel, LoadFailed, Rejected
 
 log = logging.getLogger("steward.supervisor")
 
 EX_TEMPFAIL = 75
 EX_CONFIG = 78
 SLOW_FACTOR = 0.5  # decode below half the load-time baseline: degraded
-
-
-class FaultError(Exception):
-    def __init__(self, fault: Fault) -> None:
-        super().__init__(fault.message)
-        self.fault = fault
 
 
 class Exit(Exception):
@@ -92,12 +72,9 @@ class Supervisor:
         self.exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.started_at = time.time()
         self.current: Job | None = None
-        self._worker: WorkerProcess | None = None
-        self._inbox: asyncio.Queue[FromWorker | None] = asyncio.Queue()
-        self._heartbeat = time.monotonic()
+        self.link: WorkerLink | None = None
         self._seq = itertools.count(1)
-        self._canary_ids = itertools.count(-1, -1)
-        self._bring_up_seconds = 10.0  # until measured: a guess for Retry-After
+        self.bring_up_seconds = 10.0  # until measured: a guess for Retry-After
         self._recovery_since = time.monotonic()
         self._job_seconds = 1.0
 
@@ -129,8 +106,8 @@ class Supervisor:
         """The client is gone or out of time: drop the job wherever it is."""
         job.cancelled = True
         self.queue.remove(job)
-        if job.running and self._worker is not None:
-            self._worker.send(Cancel(job.id))
+        if job.running and self.link is not None:
+            self.link.send(Cancel(job.id))
 
     def queue_error(self) -> ApiError:
         """Why a job is still waiting after --queue-timeout."""
@@ -150,32 +127,9 @@ class Supervisor:
     def retry_after(self) -> int:
         """An honest wait: remaining recovery time, or the time to work off the queue."""
         if self.state in (State.STARTING, State.RECOVERING):
-            left = self._bring_up_seconds - (time.monotonic() - self._recovery_since)
+            left = self.bring_up_seconds - (time.monotonic() - self._recovery_since)
             return max(1, round(left))
         return max(1, round(len(self.queue) * self._job_seconds))
-
-    def health(self) -> dict[str, Any]:
-        last = self.faults[-1].summary() if self.faults else None
-        worker = self._worker
-        return {
-            "status": str(self.state),
-            "model": self.source.model_id,
-            "service": "steward",
-            "version": __version__,
-            "worker": {
-                "pid": worker.pid if worker else None,
-                "generation": self.generation,
-                "alive": bool(worker and worker.exitcode is None),
-                "bring_up_s": round(self._bring_up_seconds, 3),
-            },
-            "faults": {"total": self.faults_total, "last": last},
-            "restarts_in_window": self.intensity.in_window(),
-            "queue_depth": len(self.queue),
-            "quarantined": len(self.quarantine),
-            "context_length": self.context_length,
-            "decode_tps": {"baseline": self.baseline_tps, "recent": self.recent_tps},
-            "uptime_s": round(time.time() - self.started_at, 1),
-        }
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -209,8 +163,8 @@ class Supervisor:
         for job in [*self.queue.drain(), *([self.current] if self.current else [])]:
             job.push(self._shutdown())
         self._task.cancel()  # a worker exiting on request is no fault
-        if self._worker is not None:
-            await self._worker.stop(timeout=5.0)
+        if self.link is not None:
+            await self.link.stop(timeout=5.0)
 
     async def close(self) -> None:
         """Make sure no worker outlives the front's exit."""
@@ -230,25 +184,23 @@ class Supervisor:
 
     async def _next_job(self) -> Job | None:
         """Wait for work while watching the idle worker (death, wedged process)."""
+        assert self.link is not None
         getter = asyncio.ensure_future(self.queue.get())
         try:
             while True:
-                message = asyncio.ensure_future(self._inbox.get())
+                event = asyncio.ensure_future(self.link.next())
                 done, _ = await asyncio.wait(
-                    {getter, message}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+                    {getter, event}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
                 )
-                if message in done:
-                    if message.result() is None:
-                        await self._recover(await self._crash_fault(), None)
-                else:
-                    message.cancel()
+                if event in done and isinstance(event.exception(), FaultError):
+                    await self._recover(event.exception().fault, None)
+                elif event not in done:
+                    event.cancel()
                 if getter in done:
                     return getter.result()
-                if time.monotonic() - self._heartbeat > self.config.stall_timeout:
-                    fault = self._fault(
-                        STALL,
-                        f"worker sent no heartbeat for "
-                        f"{self.config.stall_timeout:.0f} s while idle",
+                if self.link.silent_for() > self.config.stall_timeout:
+                    fault = self.link.fault(
+                        STALL, f"no heartbeat for {self.config.stall_timeout:.0f} s while idle"
                     )
                     await self._recover(fault, None)
         except BaseException:
@@ -261,14 +213,14 @@ class Supervisor:
     async def _serve(self, job: Job) -> None:
         if job.cancelled or job.finished:
             return
-        assert self._worker is not None
+        assert self.link is not None
         job.attempts += 1
         job.text.clear()
         self.current = job
         started = time.monotonic()
-        self._worker.send(job.message())
+        self.link.send(job.message())
         try:
-            result = await self._follow(job.id, lambda token: job.add(token))
+            result = await self.link.follow(job.id, job.add, self.config.stall_timeout, "request")
         except FaultError as err:
             await self._recover(err.fault, job)
             return
@@ -291,30 +243,6 @@ class Supervisor:
         if result.completion_tokens >= canary.MAX_TOKENS and result.decode_tps > 0:
             self.recent_tps = result.decode_tps
             self._serving()
-
-    async def _follow(self, req_id: int, on_token: Callable[[Token], None]) -> Done | Rejected:
-        """Pump one generation's messages until it ends; a failure raises FaultError."""
-        while True:
-            msg = await self._receive(self.config.stall_timeout, req_id)
-            if isinstance(msg, Token) and msg.id == req_id:
-                on_token(msg)
-            elif isinstance(msg, Done | Rejected) and msg.id == req_id:
-                return msg
-            elif isinstance(msg, Failed) and msg.id == req_id:
-                fault = self._fault(classify(msg.message), msg.message, msg.traceback)
-                raise FaultError(fault)
-
-    async def _receive(self, timeout: float, req_id: int | None = None) -> FromWorker:
-        """The worker's next message; no message within `timeout` s is a stall."""
-        try:
-            msg = await asyncio.wait_for(self._inbox.get(), timeout)
-        except TimeoutError:
-            what = "request" if req_id is not None and req_id > 0 else "canary or load"
-            fault = self._fault(STALL, f"no progress on the {what} for {timeout:.0f} s")
-            raise FaultError(fault) from None
-        if msg is None:
-            raise FaultError(await self._crash_fault())
-        return msg
 
     # -- faults and recovery ----------------------------------------------------------
 
@@ -345,14 +273,14 @@ class Supervisor:
             fault.action = verdict + f"exit {exc.code}"
             if job is not None:
                 job.push(self._exiting(fault))
-            self._log_fault(fault)
+            log_fault(fault)
             raise
         if job is not None and replay.after_recovery(job, fault, kept):
             log.info("replaying request %s (attempt %d)", job.request_id, job.attempts + 1)
             self.queue.put(job, front=True)
         self._serving()
         fault.recovery_s = round(time.monotonic() - fault.detected, 3)
-        self._log_fault(fault)
+        log_fault(fault)
 
     async def _replace(self) -> None:
         """Kill the worker and start another, within the restart intensity."""
@@ -372,8 +300,6 @@ class Supervisor:
         """Spawn, load, canary. False (fault recorded) when this worker cannot serve."""
         self.generation += 1
         self._recovery_since = time.monotonic()
-        self._inbox = asyncio.Queue()
-        self._heartbeat = time.monotonic()
         settings = WorkerSettings(
             self.source,
             self.generation,
@@ -381,17 +307,14 @@ class Supervisor:
             os.getpid(),
             self.config.worker_memory_limit,
         )
-        self._worker = await WorkerProcess.spawn(settings)
-        self._pumping = asyncio.ensure_future(self._pump(self._worker, self._inbox))
-        log.info("worker %d started (pid %d)", self.generation, self._worker.pid)
+        self.link = link = await WorkerLink.spawn(settings)
+        log.info("worker %d started (pid %d)", self.generation, link.pid)
         try:
-            msg = await self._receive(self.config.load_timeout)
-            while not isinstance(msg, Ready | LoadFailed):
-                msg = await self._receive(self.config.load_timeout)
+            msg = await link.loaded(self.config.load_timeout)
             if isinstance(msg, LoadFailed):
                 if msg.config:
                     raise Exit(EX_CONFIG, f"model unusable: {msg.message}")
-                raise FaultError(self._fault(classify(msg.message), msg.message, msg.traceback))
+                raise FaultError(link.fault(classify(msg.message), msg.message, msg.traceback))
             self.context_length = msg.context_length
             failure = await self._canary()
             if failure is not None:
@@ -399,85 +322,39 @@ class Supervisor:
         except FaultError as err:
             err.fault.action = "worker discarded (failed to come up)"
             self._record(err.fault)
-            self._log_fault(err.fault)
+            log_fault(err.fault)
             await self._kill_worker()
             return False
-        self._bring_up_seconds = time.monotonic() - self._recovery_since
-        log.info("worker %d ready in %.2f s", self.generation, self._bring_up_seconds)
+        self.bring_up_seconds = time.monotonic() - self._recovery_since
+        log.info("worker %d ready in %.2f s", self.generation, self.bring_up_seconds)
         return True
 
     async def _canary(self) -> Fault | None:
         """Run the canary on the current worker: None if it passed, else the fault."""
-        assert self._worker is not None
-        req = Generate(id=next(self._canary_ids), seq=0, attempt=1, **canary.params())
-        tokens: list[int] = []
-        self._worker.send(req)
+        assert self.link is not None
         try:
-            done = await self._follow(
-                req.id, lambda t: tokens.append(t.token) if t.token >= 0 else None
-            )
+            tokens, tps = await canary.run(self.link, self.config.stall_timeout)
         except FaultError as err:
             return err.fault
-        if not isinstance(done, Done) or not tokens:
-            return self._fault(CANARY_MISMATCH, f"canary produced no tokens ({done})")
         if self.golden is None:
-            self.golden, self.baseline_tps = tuple(tokens), done.decode_tps
-            log.info("canary golden tokens %s, decode %.1f tok/s", self.golden, done.decode_tps)
-        elif tuple(tokens) != self.golden:
-            return self._fault(
-                CANARY_MISMATCH, f"canary tokens {tokens} differ from golden {list(self.golden)}"
+            self.golden, self.baseline_tps = tokens, tps
+            log.info("canary golden tokens %s, decode %.1f tok/s", tokens, tps)
+        elif tokens != self.golden:
+            return self.link.fault(
+                CANARY_MISMATCH, f"canary tokens {list(tokens)} differ from {list(self.golden)}"
             )
         return None
 
-    async def _pump(self, worker: WorkerProcess, inbox: asyncio.Queue[FromWorker | None]) -> None:
-        """Move one worker's messages into its inbox; None marks its end."""
-        try:
-            while True:
-                msg = await worker.recv()
-                if not isinstance(msg, Heartbeat):
-                    inbox.put_nowait(msg)
-                elif worker is self._worker:
-                    self._heartbeat = time.monotonic()
-        except EOFError:
-            inbox.put_nowait(None)
-
-    async def _crash_fault(self) -> Fault:
-        worker = self._worker
-        code = None
-        if worker is not None:
-            await worker.wait(2.0)
-            code = worker.exitcode
-        return self._fault(WORKER_CRASH, f"worker {describe_exit(code)}")
-
     async def _kill_worker(self) -> None:
-        if self._worker is not None:
-            await self._worker.kill()
+        if self.link is not None:
+            await self.link.kill()
 
     # -- bookkeeping --------------------------------------------------------------------
-
-    def _fault(self, cls: str, message: str, traceback: str = "") -> Fault:
-        return Fault(cls, message, self.generation, traceback=traceback)
 
     def _record(self, fault: Fault) -> None:
         if fault not in self.faults:
             self.faults.append(fault)
             self.faults_total += 1
-
-    def _log_fault(self, fault: Fault) -> None:
-        log.error(
-            "fault %s class=%s request=%s generation=%d action=%s: %s",
-            fault.id,
-            fault.cls,
-            fault.request_id,
-            fault.generation,
-            fault.action,
-            fault.message,
-            extra={
-                "fault": fault.summary(),
-                "request_id": fault.request_id,
-                "traceback": fault.traceback,
-            },
-        )
 
     def _serving(self) -> None:
         """Back to serving: `degraded` while faults are recent or decode is slow."""
