@@ -56,7 +56,7 @@ async def generate(request: Request, kind: str, body: ChatRequest | CompletionRe
     job = supervisor.submit(params, request_id, digest, body.stream)
     waiter = Waiter(job, supervisor, request.app.state.config)
     answer = Answer(kind, model, request_id, body.include_usage())
-    return await respond(waiter, answer, body.stream, request_id)
+    return await respond(request, waiter, answer, body.stream, request_id)
 
 
 @router.post("/chat/completions")

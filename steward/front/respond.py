@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from steward.config import ServeConfig
 from steward.errors import ApiError
@@ -39,7 +40,8 @@ class Waiter:
             else:
                 timeout = min(job.queued_at + self.config.queue_timeout, self.deadline) - now
             try:
-                event: Event = await asyncio.wait_for(job.events.get(), max(timeout, 0))
+                async with asyncio.timeout(max(timeout, 0)):
+                    event: Event = await job.events.get()
             except TimeoutError:
                 if not job.events.empty():
                     continue
@@ -143,22 +145,51 @@ def sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def respond(waiter: Waiter, answer: Answer, stream: bool, request_id: str):
-    """Wait for the first event, then answer whole (JSON) or as a stream (SSE)."""
+async def respond(
+    request: Request, waiter: Waiter, answer: Answer, stream: bool, request_id: str
+) -> Response:
+    """Wait for the first event, then answer whole (JSON) or as a stream (SSE).
+
+    Until the answer starts, a client that hangs up cancels its job: no work for clients
+    that left (once streaming, Starlette's own disconnect listener does the same)."""
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
-        first = await waiter.next()
+        first = await _unless(gone, waiter.next())
         if not stream:
             while not isinstance(first, Done):
-                first = await waiter.next()
+                first = await _unless(gone, waiter.next())
             return JSONResponse(answer.full("".join(waiter.job.text), first))
+    except ClientGone:
+        waiter.close()
+        return Response(status_code=499)  # nginx's "client closed request", for the logs
     except BaseException:
         waiter.close()
         raise
+    finally:
+        gone.cancel()
     return StreamingResponse(
         _stream(waiter, answer, first, request_id),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless(gone: asyncio.Future[None], next_event: Awaitable[Token | Done]) -> Token | Done:
+    waiting = asyncio.ensure_future(next_event)
+    await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if waiting.done():
+        return waiting.result()
+    waiting.cancel()
+    raise ClientGone
 
 
 async def _stream(

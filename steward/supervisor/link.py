@@ -65,7 +65,8 @@ class WorkerLink:
     async def receive(self, timeout: float, what: str) -> FromWorker:
         """The next message; none within `timeout` s is a stall of `what`."""
         try:
-            return await asyncio.wait_for(self.next(), timeout)
+            async with asyncio.timeout(timeout):  # no extra task per message, unlike wait_for
+                return await self.next()
         except TimeoutError:
             fault = self.fault(STALL, f"no progress on the {what} for {timeout:.0f} s")
             raise FaultError(fault) from None

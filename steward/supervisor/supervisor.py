@@ -186,29 +186,32 @@ class Supervisor:
         """Wait for work while watching the idle worker (death, wedged process)."""
         assert self.link is not None
         getter = asyncio.ensure_future(self.queue.get())
+        event = asyncio.ensure_future(self.link.next())
         try:
             while True:
-                event = asyncio.ensure_future(self.link.next())
                 done, _ = await asyncio.wait(
                     {getter, event}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
                 )
-                if event in done and isinstance(event.exception(), FaultError):
-                    await self._recover(event.exception().fault, None)
-                elif event not in done:
-                    event.cancel()
+                if event in done:
+                    if isinstance(event.exception(), FaultError):
+                        await self._recover(event.exception().fault, None)
+                    event = asyncio.ensure_future(self.link.next())
                 if getter in done:
                     return getter.result()
                 if self.link.silent_for() > self.config.stall_timeout:
                     fault = self.link.fault(
                         STALL, f"no heartbeat for {self.config.stall_timeout:.0f} s while idle"
                     )
+                    event.cancel()
                     await self._recover(fault, None)
+                    event = asyncio.ensure_future(self.link.next())
         except BaseException:
             if getter.done() and not getter.cancelled():
                 self.queue.put(getter.result(), front=True)
             raise
         finally:
             getter.cancel()
+            event.cancel()
 
     async def _serve(self, job: Job) -> None:
         if job.cancelled or job.finished:
