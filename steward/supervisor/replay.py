@@ -38,8 +38,8 @@ class Quarantine:
         return sum(until >= now for until in self._until.values())
 
 
-def before_recovery(job: Job, fault: Fault, quarantine: Quarantine, retry_after: int) -> None:
-    """Settle the job now if recovery cannot help it."""
+def before_recovery(job: Job, fault: Fault, quarantine: Quarantine, retry_after: int) -> bool:
+    """Settle the job now if recovery cannot help it; True if it was quarantined."""
     job.faults += 1
     if job.faults >= 2:
         quarantine.add(job.digest)
@@ -51,7 +51,8 @@ def before_recovery(job: Job, fault: Fault, quarantine: Quarantine, retry_after:
                 fault=fault.ref(),
             )
         )
-    elif job.sent:
+        return True
+    if job.sent:
         job.push(
             ApiError(
                 "backend_fault",
@@ -61,6 +62,7 @@ def before_recovery(job: Job, fault: Fault, quarantine: Quarantine, retry_after:
                 fault=fault.ref(),
             )
         )
+    return False
 
 
 def after_recovery(job: Job, fault: Fault, worker_kept: bool) -> bool:

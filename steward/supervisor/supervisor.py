@@ -21,6 +21,7 @@ from steward.config import ServeConfig
 from steward.errors import ApiError
 from steward.model.resolve import ModelSource
 from steward.supervisor import canary, replay
+from steward.supervisor.events import Observers
 from steward.supervisor.faults import (
     CANARY_DECIDES,
     CANARY_MISMATCH,
@@ -73,6 +74,7 @@ class Supervisor:
         self.started_at = time.time()
         self.current: Job | None = None
         self.link: WorkerLink | None = None
+        self.events = Observers()
         self._seq = itertools.count(1)
         self.bring_up_seconds = 10.0  # until measured: a guess for Retry-After
         self._recovery_since = time.monotonic()
@@ -87,6 +89,7 @@ class Supervisor:
         if self.state is State.FAILED:
             raise self._exiting(self.faults[-1] if self.faults else None)
         if self.quarantine.blocked(digest):
+            self.events.request_quarantined()
             raise ApiError(
                 "request_quarantined",
                 "An identical request was in flight at two backend faults; it is refused for "
@@ -147,7 +150,8 @@ class Supervisor:
                 if job is not None:
                     await self._serve(job)
         except Exit as exc:
-            self._set_state(State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING)
+            state = State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING
+            self._set_state(state, f"exit {exc.code}: {exc.reason}")
             log.critical("exiting %d: %s", exc.code, exc.reason)
             for job in self.queue.drain():
                 job.push(self.queue_error() if exc.code == EX_TEMPFAIL else self._shutdown())
@@ -156,7 +160,7 @@ class Supervisor:
 
     async def stop(self, drain_timeout: float) -> None:
         """Drain: refuse new work, let queued and running jobs finish, then stop the worker."""
-        self._set_state(State.STOPPING)
+        self._set_state(State.STOPPING, "draining")
         deadline = time.monotonic() + drain_timeout
         while (self.current or len(self.queue)) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -198,6 +202,8 @@ class Supervisor:
                     event = asyncio.ensure_future(self.link.next())
                 if getter in done:
                     return getter.result()
+                if self.state.serving:
+                    self._serving()  # a fault leaving the restart window ends `degraded`
                 if self.link.silent_for() > self.config.stall_timeout:
                     fault = self.link.fault(
                         STALL, f"no heartbeat for {self.config.stall_timeout:.0f} s while idle"
@@ -233,6 +239,7 @@ class Supervisor:
             job.push(ApiError(result.type, result.message))
             return
         job.push(result)
+        self.events.request_done(result)
         log.debug(
             "request %s done: %s, %d+%d tokens, worker ttft %.1f ms, decode %.1f tok/s",
             job.request_id,
@@ -254,10 +261,10 @@ class Supervisor:
         if job is not None:
             fault.request_id = job.request_id
         self._record(fault)
-        self._set_state(State.RECOVERING)
+        self._set_state(State.RECOVERING, f"fault {fault.id} ({fault.cls})")
         self._recovery_since = time.monotonic()
-        if job is not None:
-            replay.before_recovery(job, fault, self.quarantine, self.retry_after())
+        if job and replay.before_recovery(job, fault, self.quarantine, self.retry_after()):
+            self.events.request_quarantined()
         kept, verdict = False, ""
         try:
             if fault.cls in CANARY_DECIDES:
@@ -276,14 +283,14 @@ class Supervisor:
             fault.action = verdict + f"exit {exc.code}"
             if job is not None:
                 job.push(self._exiting(fault))
-            log_fault(fault)
+            self._settle(fault)
             raise
         if job is not None and replay.after_recovery(job, fault, kept):
             log.info("replaying request %s (attempt %d)", job.request_id, job.attempts + 1)
             self.queue.put(job, front=True)
         self._serving()
         fault.recovery_s = round(time.monotonic() - fault.detected, 3)
-        log_fault(fault)
+        self._settle(fault)
 
     async def _replace(self) -> None:
         """Kill the worker and start another, within the restart intensity."""
@@ -312,6 +319,7 @@ class Supervisor:
         )
         self.link = link = await WorkerLink.spawn(settings)
         log.info("worker %d started (pid %d)", self.generation, link.pid)
+        self.events.worker_started(self.generation)
         try:
             msg = await link.loaded(self.config.load_timeout)
             if isinstance(msg, LoadFailed):
@@ -325,7 +333,7 @@ class Supervisor:
         except FaultError as err:
             err.fault.action = "worker discarded (failed to come up)"
             self._record(err.fault)
-            log_fault(err.fault)
+            self._settle(err.fault)
             await self._kill_worker()
             return False
         self.bring_up_seconds = time.monotonic() - self._recovery_since
@@ -335,10 +343,13 @@ class Supervisor:
     async def _canary(self) -> Fault | None:
         """Run the canary on the current worker: None if it passed, else the fault."""
         assert self.link is not None
+        started = time.monotonic()
         try:
             tokens, tps = await canary.run(self.link, self.config.stall_timeout)
         except FaultError as err:
+            self.events.canary_ran(False, time.monotonic() - started)
             return err.fault
+        self.events.canary_ran(tokens == (self.golden or tokens), time.monotonic() - started)
         if self.golden is None:
             self.golden, self.baseline_tps = tokens, tps
             log.info("canary golden tokens %s, decode %.1f tok/s", tokens, tps)
@@ -360,14 +371,26 @@ class Supervisor:
             self.faults_total += 1
 
     def _serving(self) -> None:
-        """Back to serving: `degraded` while faults are recent or decode is slow."""
-        recent = bool(self.faults) and (
-            time.time() - self.faults[-1].at < self.config.restart_window
-        )
-        slow = self.recent_tps and self.recent_tps < SLOW_FACTOR * self.baseline_tps
-        self._set_state(State.DEGRADED if recent or slow else State.READY)
+        """Serving: `degraded` while a fault is within the restart window or decode is slow."""
+        last = self.faults[-1] if self.faults else None
+        if last and time.time() - last.at < self.config.restart_window:
+            self._set_state(State.DEGRADED, f"fault {last.id} ({last.cls}) in the restart window")
+        elif self.recent_tps and self.recent_tps < SLOW_FACTOR * self.baseline_tps:
+            self._set_state(
+                State.DEGRADED,
+                f"decode {self.recent_tps:.1f} tok/s, under half of {self.baseline_tps:.1f}",
+            )
+        else:
+            self._set_state(State.READY, f"serving on worker {self.generation}")
 
-    def _set_state(self, state: State) -> None:
-        if state is not self.state and self.state is not State.STOPPING:
-            log.info("state %s -> %s", self.state, state)
+    def _set_state(self, state: State, reason: str) -> None:
+        old = self.state
+        if state is not old and old is not State.STOPPING:
+            log.info("state %s -> %s: %s", old, state, reason)
             self.state = state
+            self.events.state_changed(old, state, reason)
+
+    def _settle(self, fault: Fault) -> None:
+        """The fault's action is decided: log it once, tell the observers."""
+        log_fault(fault)
+        self.events.fault_settled(fault)

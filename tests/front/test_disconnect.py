@@ -12,8 +12,14 @@ SLOW = {"prompt": "hello", "max_tokens": 40, "temperature": 0}  # 40 x 0.25 s if
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_hang_up_cancels_the_job(serve, tiny_model, stream: bool) -> None:
-    server = serve("--model", str(tiny_model), "--inject-fault", "decode:slow=0.25:every",
-                   "--log-level", "debug")
+    server = serve(
+        "--model",
+        str(tiny_model),
+        "--inject-fault",
+        "decode:slow=0.25:every",
+        "--log-level",
+        "debug",
+    )
     server.wait()
     url = server.url + "/v1/completions"
     if stream:

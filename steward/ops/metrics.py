@@ -1,0 +1,134 @@
+"""Prometheus metrics for `/metrics`, fed by the supervisor's events and the HTTP front.
+
+A registry of our own, not prometheus_client's global one: `/metrics` then shows steward's
+series only, and two apps in one process (tests) never collide. State, queue depth,
+generation and restarts in window are read from the supervisor at scrape time, so they
+can never go stale between transitions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from steward.supervisor.events import Observer
+from steward.supervisor.state import State
+
+if TYPE_CHECKING:
+    from steward.supervisor.faults import Fault
+    from steward.worker.protocol import Done
+
+RECOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+# fault.action as supervisor.py writes it -> a bounded label value; first match wins.
+ACTIONS = (
+    ("discarded", "discarded_worker"),
+    ("exit", "exit"),
+    ("replaced", "replaced_worker"),
+    ("kept", "kept_worker"),
+)
+
+
+def action_label(action: str) -> str:
+    """'canary failed (oom); replaced worker (generation 3)' -> 'replaced_worker'."""
+    return next((label for word, label in ACTIONS if word in action), "other")
+
+
+class Metrics(Observer):
+    def __init__(self, supervisor: Any) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "steward_requests_total", "HTTP responses", ["route", "status"], registry=r
+        )
+        self.errors = Counter(
+            "steward_errors_total", "Error envelopes and SSE error events", ["type"], registry=r
+        )
+        self.faults = Counter(
+            "steward_faults_total",
+            "Backend faults by class and outcome",
+            ["class", "action"],
+            registry=r,
+        )
+        self.restarts = Counter(
+            "steward_worker_restarts_total", "Workers started after the first", registry=r
+        )
+        self.recovery = Histogram(
+            "steward_recovery_seconds",
+            "Fault detected to serving again",
+            buckets=RECOVERY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "steward_time_to_first_token_seconds",
+            "Time to first token, as the worker measured",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.decode = Histogram(
+            "steward_decode_tokens_per_second",
+            "Decode speed per request",
+            buckets=TPS_BUCKETS,
+            registry=r,
+        )
+        self.quarantined = Counter(
+            "steward_quarantined_requests_total", "Requests refused as quarantined", registry=r
+        )
+        self.canaries = Counter(
+            "steward_canary_runs_total", "Canary runs by result", ["result"], registry=r
+        )
+        for result in ("pass", "fail"):
+            self.canaries.labels(result)
+        state = Gauge("steward_state", "1 for the current state, else 0", ["state"], registry=r)
+        for s in State:
+            state.labels(s.value).set_function(lambda s=s: float(supervisor.state == s))
+        Gauge("steward_worker_generation", "Workers started so far", registry=r).set_function(
+            lambda: supervisor.generation
+        )
+        Gauge("steward_queue_depth", "Requests waiting", registry=r).set_function(
+            lambda: len(supervisor.queue)
+        )
+        Gauge(
+            "steward_restarts_in_window", "Worker restarts within --restart-window", registry=r
+        ).set_function(lambda: supervisor.intensity.in_window())
+
+    # -- the HTTP front ---------------------------------------------------------------
+
+    def request(self, route: str, status: int) -> None:
+        self.requests.labels(route, str(status)).inc()
+
+    def error(self, type: str) -> None:
+        self.errors.labels(type).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    # -- the supervisor's events ------------------------------------------------------
+
+    def fault_settled(self, fault: Fault) -> None:
+        self.faults.labels(fault.cls, action_label(fault.action)).inc()
+        if fault.recovery_s is not None:
+            self.recovery.observe(fault.recovery_s)
+
+    def worker_started(self, generation: int) -> None:
+        if generation > 1:
+            self.restarts.inc()
+
+    def canary_ran(self, passed: bool, seconds: float) -> None:
+        self.canaries.labels("pass" if passed else "fail").inc()
+
+    def request_done(self, done: Done) -> None:
+        self.ttft.observe(done.ttft)
+        if done.decode_tps > 0:
+            self.decode.observe(done.decode_tps)
+
+    def request_quarantined(self) -> None:
+        self.quarantined.inc()
