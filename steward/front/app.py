@@ -18,6 +18,7 @@ from steward.config import ServeConfig
 from steward.errors import ApiError, error_response
 from steward.front import health_routes, openai_routes
 from steward.front.middleware import RequestContext
+from steward.ops.metrics import Metrics
 from steward.supervisor.supervisor import Supervisor
 
 log = logging.getLogger("steward.front")
@@ -30,30 +31,39 @@ HTTP_TYPES = {
 }
 
 
-def create_app(config: ServeConfig, supervisor: Supervisor) -> FastAPI:
+def create_app(config: ServeConfig, supervisor: Supervisor, metrics: Metrics) -> FastAPI:
     app = FastAPI(title="steward", version=__version__, docs_url=None, redoc_url=None)
     app.state.config = config
     app.state.supervisor = supervisor
+    app.state.metrics = metrics
     app.include_router(health_routes.router)
     app.include_router(openai_routes.router)
-    app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes, metrics=metrics)
+
+    def answer(request: Request, error: ApiError) -> Response:
+        metrics.error(error.type)
+        return error_response(error, request_id(request))
+
+    @app.get("/metrics", include_in_schema=False)
+    def scrape() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
-        return error_response(exc, request_id(request))
+        return answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         problems = "; ".join(_describe(e) for e in exc.errors()[:8])
-        return error_response(ApiError("validation_error", problems), request_id(request))
+        return answer(request, ApiError("validation_error", problems))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         if isinstance(exc.__cause__, ApiError):  # raised while FastAPI read the body
-            return error_response(exc.__cause__, request_id(request))
+            return answer(request, exc.__cause__)
         kind = HTTP_TYPES.get(exc.status_code, "validation_error")
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        return error_response(ApiError(kind, message), request_id(request))
+        return answer(request, ApiError(kind, f"{request.method} {request.url.path}: {exc.detail}"))
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> Response:
@@ -63,8 +73,9 @@ def create_app(config: ServeConfig, supervisor: Supervisor) -> FastAPI:
             request.url.path,
             extra={"request_id": request_id(request)},
         )
-        error = ApiError("internal_error", f"steward bug: {type(exc).__name__}: {exc}")
-        return error_response(error, request_id(request))
+        return answer(
+            request, ApiError("internal_error", f"steward bug: {type(exc).__name__}: {exc}")
+        )
 
     return app
 

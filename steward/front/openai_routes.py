@@ -54,7 +54,7 @@ async def generate(request: Request, kind: str, body: ChatRequest | CompletionRe
     request_id = request.state.request_id
     supervisor = request.app.state.supervisor
     job = supervisor.submit(params, request_id, digest, body.stream)
-    waiter = Waiter(job, supervisor, request.app.state.config)
+    waiter = Waiter(job, supervisor, request.app.state.config, request.app.state.metrics)
     answer = Answer(kind, model, request_id, body.include_usage())
     return await respond(request, waiter, answer, body.stream, request_id)
 

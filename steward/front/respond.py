@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from steward.config import ServeConfig
 from steward.errors import ApiError
+from steward.ops.metrics import Metrics
 from steward.supervisor.jobs import Event, Job
 from steward.supervisor.supervisor import Supervisor
 from steward.worker.protocol import Done, Token
@@ -25,10 +26,13 @@ from steward.worker.protocol import Done, Token
 class Waiter:
     """Turns a job's events into values or `ApiError`s, enforcing queue and request deadlines."""
 
-    def __init__(self, job: Job, supervisor: Supervisor, config: ServeConfig) -> None:
+    def __init__(
+        self, job: Job, supervisor: Supervisor, config: ServeConfig, metrics: Metrics
+    ) -> None:
         self.job = job
         self.supervisor = supervisor
         self.config = config
+        self.metrics = metrics
         self.deadline = time.monotonic() + config.request_timeout
 
     async def next(self) -> Token | Done:
@@ -212,6 +216,7 @@ async def _stream(
             try:
                 event = await waiter.next()
             except ApiError as error:
+                waiter.metrics.error(error.type)
                 yield sse({"error": error.body(request_id)["error"]})
                 return
     finally:

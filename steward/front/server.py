@@ -18,6 +18,8 @@ import uvicorn
 from steward.config import ServeConfig
 from steward.front.app import create_app
 from steward.model.resolve import ModelSource
+from steward.ops.metrics import Metrics
+from steward.ops.notify import Notifier
 from steward.supervisor.supervisor import EX_CONFIG, Supervisor
 from steward.worker.injection import FaultSpec
 
@@ -56,13 +58,15 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
         log.critical("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return EX_CONFIG
     supervisor = Supervisor(config, source, faults)
+    metrics, notifier = Metrics(supervisor), Notifier(supervisor)
+    supervisor.events.add(metrics)
+    supervisor.events.add(notifier)
     stop_requested = asyncio.Event()
     server = FrontServer(
         uvicorn.Config(
-            create_app(config, supervisor),
-            host=config.host,
-            port=config.port,
+            create_app(config, supervisor, metrics),
             log_config=None,
+            access_log=False,  # RequestContext logs each request, with its request id
             lifespan="off",
             timeout_graceful_shutdown=5,
         ),
@@ -70,6 +74,8 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
     )
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     supervisor.start()
+    notifier.send(f"STATUS=starting: loading {source.model_id}")
+    pinging = asyncio.ensure_future(notifier.run(supervisor.alive))
     stopping = asyncio.ensure_future(stop_requested.wait())
     await asyncio.wait({stopping, supervisor.exit_code}, return_when=asyncio.FIRST_COMPLETED)
     if supervisor.exit_code.done():
@@ -82,5 +88,7 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
     await supervisor.close()
     server.should_exit = True
     await serving
+    pinging.cancel()
+    notifier.close()
     log.info("exit %d", code)
     return code

@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-EXTRAS = ("request_id", "fault", "traceback")
+EXTRAS = ("request_id", "access", "fault", "traceback")
 
 
 class JsonFormatter(logging.Formatter):

@@ -139,6 +139,10 @@ class Supervisor:
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
 
+    def alive(self) -> bool:
+        """The supervision task still runs (what the systemd watchdog vouches for)."""
+        return not self._task.done()
+
     async def _run(self) -> None:
         """Supervise until stopped; on unrecoverable failure, resolve `exit_code`."""
         try:

@@ -19,7 +19,10 @@ PR_SET_PDEATHSIG = 1
 
 def hold(parent_pid: int) -> None:
     """Die with the front. Call first thing in the worker."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front, which drains
+    # Ctrl-C, or a supervisor signalling the whole process group, reaches the front too, and
+    # the front drains: the worker finishes its request and is stopped by the front.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if sys.platform == "linux":
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -52,12 +52,10 @@ class WorkerProcess:
         return decode_from_worker(await self.channel.recv())
 
     async def stop(self, timeout: float) -> None:
-        """Polite, then firm: Shutdown, wait, SIGTERM, wait, SIGKILL."""
+        """Polite, then firm: Shutdown, wait, SIGKILL (the worker ignores SIGTERM)."""
         self.send(Shutdown())
         if not await self.wait(timeout):
-            self.process.terminate()
-            if not await self.wait(2.0):
-                await self.kill()
+            await self.kill()
         self.channel.close()
 
     async def kill(self) -> None:
