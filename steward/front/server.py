@@ -27,18 +27,22 @@ log = logging.getLogger("steward")
 
 
 class FrontServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, on_signal: asyncio.Event) -> None:
+    def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
-        self.on_signal = on_signal
+        self.drain = asyncio.Event()  # first SIGTERM/SIGINT
+        self.cut = asyncio.Event()  # second: stop waiting for in-flight requests
         self.loop = asyncio.get_running_loop()
+        self.signals = 0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.on_signal.is_set():
-            log.warning("second %s: exiting now", signal.Signals(sig).name)
-            self.should_exit = self.force_exit = True
+        name = signal.Signals(sig).name
+        self.signals += 1
+        if self.signals > 1:
+            log.warning("second %s: exiting without waiting for in-flight requests", name)
+            self.loop.call_soon_threadsafe(self.cut.set)
         else:
-            log.info("%s: draining", signal.Signals(sig).name)
-            self.loop.call_soon_threadsafe(self.on_signal.set)
+            log.info("%s: draining", name)
+            self.loop.call_soon_threadsafe(self.drain.set)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -61,7 +65,6 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
     metrics, notifier = Metrics(supervisor), Notifier(supervisor)
     supervisor.events.add(metrics)
     supervisor.events.add(notifier)
-    stop_requested = asyncio.Event()
     server = FrontServer(
         uvicorn.Config(
             create_app(config, supervisor, metrics),
@@ -69,20 +72,19 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
             access_log=False,  # RequestContext logs each request, with its request id
             lifespan="off",
             timeout_graceful_shutdown=5,
-        ),
-        stop_requested,
+        )
     )
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     supervisor.start()
     notifier.send(f"STATUS=starting: loading {source.model_id}")
     pinging = asyncio.ensure_future(notifier.run(supervisor.alive))
-    stopping = asyncio.ensure_future(stop_requested.wait())
+    stopping = asyncio.ensure_future(server.drain.wait())
     await asyncio.wait({stopping, supervisor.exit_code}, return_when=asyncio.FIRST_COMPLETED)
     if supervisor.exit_code.done():
         code = supervisor.exit_code.result()
         await asyncio.sleep(0.2)  # let refused requests' answers go out
     else:
-        await supervisor.stop(config.drain_timeout)
+        await supervisor.stop(config.drain_timeout, server.cut)
         code = 0
     stopping.cancel()
     await supervisor.close()

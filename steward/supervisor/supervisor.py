@@ -1,6 +1,6 @@
 """The supervisor: owns the worker, the state machine, and every decision after a fault.
 
-One task (`run`) does the work in order: bring a worker up, take the next job, follow it
+One task (`start` runs it) does the work in order: bring a worker up, take the next job, follow it
 to its end; when something fails, classify it (faults.py), canary or replace the worker,
 then replay or settle the job (replay.py). The worker generates one request at a time,
 so a serial loop is both the simplest design and an exact one: there is never a question
@@ -162,11 +162,15 @@ class Supervisor:
             if not self.exit_code.done():
                 self.exit_code.set_result(exc.code)
 
-    async def stop(self, drain_timeout: float) -> None:
-        """Drain: refuse new work, let queued and running jobs finish, then stop the worker."""
+    async def stop(self, drain_timeout: float, cut: asyncio.Event) -> None:
+        """Drain: refuse new work, let queued and running jobs finish (until the timeout, or
+        until `cut` is set by a second signal), then stop the worker."""
         self._set_state(State.STOPPING, "draining")
         deadline = time.monotonic() + drain_timeout
         while (self.current or len(self.queue)) and time.monotonic() < deadline:
+            if cut.is_set():
+                log.warning("drain cut short: %d request(s) abandoned", len(self.queue) + 1)
+                break
             await asyncio.sleep(0.05)
         for job in [*self.queue.drain(), *([self.current] if self.current else [])]:
             job.push(self._shutdown())

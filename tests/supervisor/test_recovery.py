@@ -261,3 +261,27 @@ def test_slow_decode_is_degraded(serve, tiny_model) -> None:
     assert server.health().json()["status"] == "degraded"
     assert server.http.post("/v1/chat/completions", json={**BODY, "max_tokens": 10}).is_success
     assert server.health().json()["status"] == "ready"
+
+
+def test_second_signal_cuts_the_drain(serve, tiny_model) -> None:
+    server = serve("--model", str(tiny_model), "--inject-fault", "decode:slow=0.5:every")
+    server.wait()
+    result: dict[str, httpx.Response] = {}
+    running = threading.Thread(
+        target=lambda: result.setdefault(
+            "r",
+            httpx.post(
+                server.url + "/v1/chat/completions", json={**BODY, "max_tokens": 60}, timeout=60
+            ),
+        )
+    )
+    running.start()
+    time.sleep(1.0)
+    server.proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGINT)
+    assert server.exit_code(20) == 0
+    assert time.monotonic() - started < 10  # not the 30 s of the drain, nor the 30 s request
+    running.join()
+    assert_envelope(result["r"], 503, "server_shutdown")
