@@ -44,6 +44,25 @@ class ReadyWatch:
         return self.seen
 
 
+class InFlight:
+    """A chat request running in a background thread, on the worker after one second."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        self._result: list[httpx.Response] = []
+        post = httpx.post
+        self._thread = threading.Thread(
+            target=lambda: self._result.append(
+                post(url + "/v1/chat/completions", json=body, timeout=60)
+            )
+        )
+        self._thread.start()
+        time.sleep(1.0)
+
+    def response(self) -> httpx.Response:
+        self._thread.join()
+        return self._result[0]
+
+
 def faults_logged(output: str) -> list[dict]:
     """The fault events of a --log-json server."""
     events = []
@@ -230,26 +249,15 @@ def test_hanging_canary_is_bounded(serve, tiny_model) -> None:
 def test_sigterm_lets_the_running_request_finish(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "decode:slow=0.4:every")
     server.wait()
-    result: dict[str, httpx.Response] = {}
-    running = threading.Thread(
-        target=lambda: result.setdefault(
-            "r",
-            httpx.post(
-                server.url + "/v1/chat/completions", json={**BODY, "max_tokens": 8}, timeout=60
-            ),
-        )
-    )
-    running.start()
-    time.sleep(1.0)
+    running = InFlight(server.url, {**BODY, "max_tokens": 8})
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     ready = server.http.get("/health/ready")
     assert ready.status_code == 503 and ready.json()["status"] == "stopping"
     refused = server.http.post("/v1/chat/completions", json=BODY)
     assert_envelope(refused, 503, "server_shutdown")
-    running.join()
-    assert result["r"].status_code == 200
-    assert result["r"].json()["usage"]["completion_tokens"] == 8
+    assert running.response().status_code == 200
+    assert running.response().json()["usage"]["completion_tokens"] == 8
     assert server.exit_code() == 0
 
 
@@ -266,22 +274,11 @@ def test_slow_decode_is_degraded(serve, tiny_model) -> None:
 def test_second_signal_cuts_the_drain(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "decode:slow=0.5:every")
     server.wait()
-    result: dict[str, httpx.Response] = {}
-    running = threading.Thread(
-        target=lambda: result.setdefault(
-            "r",
-            httpx.post(
-                server.url + "/v1/chat/completions", json={**BODY, "max_tokens": 60}, timeout=60
-            ),
-        )
-    )
-    running.start()
-    time.sleep(1.0)
+    running = InFlight(server.url, {**BODY, "max_tokens": 60})
     server.proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     started = time.monotonic()
     server.proc.send_signal(signal.SIGINT)
     assert server.exit_code(20) == 0
     assert time.monotonic() - started < 10  # not the 30 s of the drain, nor the 30 s request
-    running.join()
-    assert_envelope(result["r"], 503, "server_shutdown")
+    assert_envelope(running.response(), 503, "server_shutdown")
