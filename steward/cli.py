@@ -1,4 +1,4 @@
-"""The `steward` command: serve, import, --version.
+"""The `steward` command: serve, import, drill, --version.
 
 Every `serve` flag also reads `STEWARD_<FLAG>` from the environment (SPEC §5); the
 command line wins. A model or setting that cannot work exits 78 before anything starts.
@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from steward import __version__
+from steward import __version__, drill
 from steward.config import ServeConfig
 
 EX_CONFIG = 78
@@ -104,6 +104,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"steward {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    drill.add_parser(sub)
     imp = sub.add_parser("import", help="convert a llama-family GGUF to an MLX model dir")
     imp.add_argument("gguf", type=Path)
     imp.add_argument("out", type=Path, nargs="?")
@@ -143,4 +144,4 @@ def import_gguf(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    sys.exit({"serve": serve, "import": import_gguf}[args.command](args))
+    sys.exit({"serve": serve, "import": import_gguf, "drill": drill.main}[args.command](args))
