@@ -94,7 +94,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "worker-memory-limit", byte_size, "address-space limit of the worker (e.g. 8G)")
     _flag(p, "max-body-bytes", byte_size, "largest request body accepted")
     _flag(p, "max-edge", int, "longest image edge; larger images are downscaled")
-    _flag(p, "max-image-pixels", int, "largest image accepted, in pixels")
+    _flag(p, "max-image-pixels", int, "largest image accepted, in pixels (read from its header)")
+    _flag(p, "max-image-bytes", byte_size, "largest encoded image accepted")
+    _flag(p, "max-images", int, "most images in one request")
     _flag(p, "allow-image-urls", bool, "allow remote image URLs")
     _flag(p, "inject-fault", str, "fault injection POINT:ACTION[:TRIGGER] (tests, drills)")
 

@@ -24,8 +24,10 @@ class ServeConfig:
     log_json: bool = False
     log_level: str = "info"
     worker_memory_limit: int | None = None
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = 32 * 1024 * 1024
     max_edge: int = 1536
     max_image_pixels: int = 50_000_000
+    max_image_bytes: int = 16 * 1024 * 1024
+    max_images: int = 8
     allow_image_urls: bool = False
     inject_fault: list[str] = field(default_factory=list)

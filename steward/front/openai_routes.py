@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from steward.errors import ApiError
+from steward.front.images import ImageLimits, load_images
 from steward.front.respond import Answer, Waiter, respond
 from steward.front.schemas import ChatRequest, CompletionRequest, Sampling
 
@@ -49,10 +50,16 @@ def check_model(request: Request, body: Sampling) -> str:
 
 async def generate(request: Request, kind: str, body: ChatRequest | CompletionRequest):
     model = check_model(request, body)
-    params: dict[str, Any] = body.params()
-    digest = hashlib.sha256(json.dumps([model, params], sort_keys=True).encode()).hexdigest()
-    request_id = request.state.request_id
     supervisor = request.app.state.supervisor
+    params: dict[str, Any] = body.params()
+    urls = body.image_urls() if isinstance(body, ChatRequest) else []
+    if urls and not supervisor.vision:
+        raise ApiError("validation_error", f"The model {model!r} does not take images.")
+    images = await load_images(urls, ImageLimits.of(request.app.state.config)) if urls else []
+    seen = [hashlib.sha256(image).hexdigest() for image in images]
+    digest = hashlib.sha256(json.dumps([model, params, seen], sort_keys=True).encode()).hexdigest()
+    params["images"] = images
+    request_id = request.state.request_id
     job = supervisor.submit(params, request_id, digest, body.stream)
     waiter = Waiter(job, supervisor, request.app.state.config, request.app.state.metrics)
     answer = Answer(kind, model, request_id, body.include_usage())

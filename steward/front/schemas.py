@@ -6,7 +6,7 @@ honour are refused with a clear 400 instead of being silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -20,15 +20,44 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageURL(BaseModel):
+    url: str
+    detail: str | None = None
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[Part] | None = None
     name: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "".join(p.text for p in self.content if isinstance(p, TextPart))
         return self.content or ""
+
+    def image_urls(self) -> list[str]:
+        if isinstance(self.content, list):
+            return [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
+        return []
+
+    def for_worker(self) -> dict[str, Any]:
+        """Text as a string; with images, parts in order, each image a placeholder whose
+        bytes travel separately (`Generate.images`)."""
+        if not self.image_urls():
+            return {"role": self.role, "content": self.text()}
+        parts = [
+            {"type": "text", "text": p.text} if isinstance(p, TextPart) else {"type": "image"}
+            for p in self.content or []
+        ]
+        return {"role": self.role, "content": parts}
 
 
 class StreamOptions(BaseModel):
@@ -99,8 +128,11 @@ class ChatRequest(Sampling):
             raise ValueError("not supported by steward: response_format other than text")
         return self
 
+    def image_urls(self) -> list[str]:
+        return [url for m in self.messages for url in m.image_urls()]
+
     def params(self) -> dict[str, Any]:
-        messages = [{"role": m.role, "content": m.text()} for m in self.messages]
+        messages = [m.for_worker() for m in self.messages]
         limit = self.max_completion_tokens or self.max_tokens
         return {"messages": messages, "max_tokens": limit, **self.sampling()}
 

@@ -119,3 +119,9 @@ def _check_mlx_dir(path: Path) -> Path:
     if not isinstance(model_type, str):
         raise ModelError(f"{config}: no model_type")
     return path
+
+
+def is_vision(model_dir: Path) -> bool:
+    """A vision-language model (served with mlx-vlm): its config has a `vision_config`."""
+    config = model_dir / "config.json"
+    return config.is_file() and "vision_config" in json.loads(config.read_text())

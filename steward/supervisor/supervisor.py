@@ -19,7 +19,7 @@ from typing import Any
 
 from steward.config import ServeConfig
 from steward.errors import ApiError
-from steward.model.resolve import ModelSource
+from steward.model.resolve import ModelSource, is_vision
 from steward.supervisor import canary, replay
 from steward.supervisor.events import Observers
 from steward.supervisor.faults import (
@@ -67,6 +67,7 @@ class Supervisor:
         self.faults_total = 0
         self.generation = 0
         self.context_length: int | None = None
+        self.vision = source.kind == "mlx" and is_vision(source.path)  # takes images
         self.golden: tuple[int, ...] | None = None
         self.baseline_tps = 0.0
         self.recent_tps = 0.0

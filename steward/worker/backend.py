@@ -17,8 +17,6 @@ import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from steward.model.gguf import materialize
-from steward.model.resolve import ModelSource
 from steward.worker.injection import Injector
 from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected, Token
 from steward.worker.stops import StopMatcher
@@ -39,10 +37,6 @@ class Backend:
         injector.hit("load")
         self.model, self.tokenizer = load(str(model_dir))
         self.context_length = context_length(model_dir)
-
-    @classmethod
-    def load(cls, source: ModelSource, injector: Injector) -> Backend:
-        return cls(materialize(source), injector)
 
     def encode(self, req: Generate) -> list[int]:
         if req.messages is not None:

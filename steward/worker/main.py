@@ -17,8 +17,9 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from steward.model.resolve import ModelError, ModelSource
+from steward.model.resolve import ModelError, ModelSource, is_vision
 from steward.worker import lifeline
 from steward.worker.channel import BlockingChannel
 from steward.worker.injection import FaultSpec, Injector
@@ -34,6 +35,10 @@ from steward.worker.protocol import (
     decode_to_worker,
     encode,
 )
+
+if TYPE_CHECKING:
+    from steward.worker.backend import Backend
+    from steward.worker.vision import VisionBackend
 
 HEARTBEAT_INTERVAL = 1.0
 # Raised while reading a model's files or config: restarting the process cannot help.
@@ -60,11 +65,9 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         channel.send(encode(msg))
 
     threading.Thread(target=_beat, args=(send,), daemon=True, name="heartbeat").start()
-    from steward.worker.backend import Backend  # mlx import after the rlimit is set
-
     started = time.perf_counter()
     try:
-        backend = Backend.load(settings.source, Injector(settings.faults, settings.generation))
+        backend = load_backend(settings.source, Injector(settings.faults, settings.generation))
     except CONFIG_ERRORS as exc:
         send(LoadFailed(True, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
@@ -84,6 +87,22 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         except Exception as exc:
             send(Failed(req.id, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         cancelled.discard(req.id)
+
+
+def load_backend(source: ModelSource, injector: Injector) -> Backend | VisionBackend:
+    """mlx-vlm for a vision-language model (its config has a `vision_config`), else mlx-lm.
+
+    Imported here, after the rlimit is set: importing mlx allocates."""
+    from steward.model.gguf import materialize
+
+    model_dir = materialize(source)
+    if is_vision(model_dir):
+        from steward.worker.vision import VisionBackend
+
+        return VisionBackend(model_dir, injector)
+    from steward.worker.backend import Backend
+
+    return Backend(model_dir, injector)
 
 
 def _read(

@@ -34,6 +34,7 @@ class Generate(_Msg):
     top_p: float = 1.0
     stop: list[str] = []
     seed: int | None = None
+    images: list[bytes] = []  # encoded, validated and downscaled by the front, in part order
 
 
 class Cancel(_Msg):

@@ -174,7 +174,7 @@ def test_bad_json_and_request_ids(default_server) -> None:
 def test_body_too_large(default_server) -> None:
     response = default_server.http.post(
         "/v1/completions",
-        content=b'{"prompt": "' + b"a" * (9 * 2**20) + b'"}',
+        content=b'{"prompt": "' + b"a" * (33 * 2**20) + b'"}',
         headers={"content-type": "application/json"},
     )
     assert_envelope(response, 413, "request_too_large")

@@ -1,0 +1,201 @@
+"""The mlx-vlm backend: `Backend`'s interface and fault points, for vision-language models.
+
+Images reach the worker already validated and downscaled by the front, as encoded bytes
+(PNG/JPEG) in the request's `images` list, in the order of the `{"type": "image"}` parts of
+its messages; already-decoded PIL images are accepted as well (tests, in-process callers).
+The worker never sees a URL or a path: mlx-vlm is only ever handed PIL images.
+
+Preprocessing (decode, resize, tiling, image-token expansion) runs before the prefill fault
+point, with mlx-vlm's own `prepare_inputs`, so the prompt's true token count (image tokens
+included) is known and checked against the context before any model code runs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx_vlm import apply_chat_template, load, stream_generate
+from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+from PIL import Image, UnidentifiedImageError
+
+from steward.worker.backend import context_length
+from steward.worker.injection import Injector
+from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected, Token
+from steward.worker.stops import StopMatcher
+
+ImageInput = bytes | Image.Image
+
+
+@dataclass
+class Prepared:
+    """A request turned into model inputs by mlx-vlm's processor."""
+
+    input_ids: mx.array
+    pixel_values: mx.array | None
+    mask: mx.array | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.input_ids.size)
+
+
+class BadImage(ValueError):
+    """An image the worker cannot decode: a request problem, not a backend fault."""
+
+
+def decode_image(data: ImageInput) -> Image.Image:
+    if isinstance(data, Image.Image):
+        image = data
+    else:
+        try:
+            image = Image.open(io.BytesIO(data))
+            image.load()
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+            raise BadImage(f"image could not be decoded: {exc}") from exc
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def image_parts(req: Generate) -> int:
+    """How many `{"type": "image"}` parts the messages hold (a completion prompt has none)."""
+    return sum(
+        isinstance(part, dict) and part.get("type") in ("image", "image_url", "input_image")
+        for message in req.messages or []
+        if isinstance(content := message.get("content"), list)
+        for part in content
+    )
+
+
+class VisionBackend:
+    def __init__(self, model_dir: Path, injector: Injector) -> None:
+        self.injector = injector
+        injector.hit("load")
+        self.model, self.processor = load(str(model_dir))
+        self.context_length = context_length(model_dir)
+
+    def prompt(self, req: Generate, n_images: int) -> str:
+        """The chat template applied by mlx-vlm (it knows each family's message format)."""
+        if req.messages is None:
+            return req.prompt or ""
+        return apply_chat_template(
+            self.processor, self.model.config, req.messages, num_images=n_images
+        )
+
+    def prepare(self, req: Generate, images: Sequence[ImageInput] = ()) -> Prepared:
+        decoded = [decode_image(image) for image in images]
+        inputs = prepare_inputs(
+            self.processor,
+            images=decoded or None,
+            prompts=self.prompt(req, len(decoded)),
+            image_token_index=getattr(self.model.config, "image_token_index", None),
+            add_special_tokens=should_add_special_tokens(
+                self.model.config.model_type, self.processor
+            ),
+        )
+        tensors = ("input_ids", "pixel_values", "attention_mask")
+        extra = {k: v for k, v in inputs.items() if k not in tensors}
+        return Prepared(
+            inputs["input_ids"], inputs.get("pixel_values"), inputs.get("attention_mask"), extra
+        )
+
+    def encode(self, req: Generate, images: Sequence[ImageInput] = ()) -> list[int]:
+        """Prompt token ids, image tokens expanded as the model will see them."""
+        return [int(t) for t in self.prepare(req, images).input_ids.reshape(-1).tolist()]
+
+    def generate(
+        self,
+        req: Generate,
+        emit: Callable[[FromWorker], None],
+        cancelled: Callable[[], bool],
+        images: Sequence[ImageInput] | None = None,
+    ) -> Done | Rejected:
+        """`images` defaults to `req.images` (the proposed `Generate` field)."""
+        images = getattr(req, "images", ()) if images is None else images
+        try:
+            return self._generate(req, emit, cancelled, images)
+        finally:
+            # MLX keeps freed buffers cached; under an address-space limit a rejected
+            # huge image's pixel buffers would otherwise crowd out the next request.
+            mx.clear_cache()
+
+    def _generate(
+        self,
+        req: Generate,
+        emit: Callable[[FromWorker], None],
+        cancelled: Callable[[], bool],
+        images: Sequence[ImageInput],
+    ) -> Done | Rejected:
+        start = time.perf_counter()
+        if (parts := image_parts(req)) != len(images):
+            message = f"the messages have {parts} image parts but {len(images)} images came"
+            return Rejected(req.id, "validation_error", message)
+        try:
+            inputs = self.prepare(req, images)
+        except BadImage as exc:
+            return Rejected(req.id, "validation_error", str(exc))
+        room = self.context_length - inputs.prompt_tokens
+        if room < (req.max_tokens or 1):
+            return Rejected(
+                req.id,
+                "context_length_exceeded",
+                f"This model's maximum context length is {self.context_length} tokens; the "
+                f"prompt has {inputs.prompt_tokens} tokens (images included) and "
+                f"{req.max_tokens or 1} were requested for the completion.",
+            )
+        emit(Progress(req.id))  # preprocessing done: a slow image is not a stall
+        text = req.prompt if req.messages is None else json.dumps(req.messages)
+        self.injector.hit("prefill", req.seq, req.attempt, text or "")
+        stops = StopMatcher(req.stop)
+        first = start
+        count = 0
+        finish = "length"
+        for step, out in enumerate(
+            stream_generate(
+                self.model,
+                self.processor,
+                "",
+                input_ids=inputs.input_ids,
+                pixel_values=inputs.pixel_values,
+                mask=inputs.mask,
+                **inputs.extra,
+                max_tokens=req.max_tokens or room,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=0,
+                seed=req.seed,
+            )
+        ):
+            # mlx-vlm yields one result per generated token (finish_reason None), then a
+            # final one (finish_reason "stop"/"length") that only carries the detokenizer's
+            # flushed text; its token is the EOS or a repeat of the last token.
+            last = out.finish_reason is not None
+            if step == 0:
+                first = time.perf_counter()
+            elif not last:
+                self.injector.hit("decode", req.seq, req.attempt, text or "")
+            count += not last
+            piece, stopped = stops.feed(out.text)
+            if stopped or last:
+                piece += "" if stopped else stops.flush()
+                finish = "stop" if stopped or out.finish_reason == "stop" else "length"
+            if piece or not last:
+                emit(Token(req.id, -1 if last else int(out.token), piece))
+            if stopped or cancelled():
+                finish = finish if stopped else "cancelled"
+                break
+        elapsed = time.perf_counter() - first
+        return Done(
+            req.id,
+            finish,
+            prompt_tokens=inputs.prompt_tokens,
+            completion_tokens=count,
+            ttft=first - start,
+            decode_tps=(count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0,
+        )

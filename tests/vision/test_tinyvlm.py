@@ -1,0 +1,123 @@
+"""A tiny random SmolVLM through mlx-vlm's real loading, preprocessing and generation code.
+
+Skipped where mlx-vlm is not installed (`scripts/setup.sh` installs it).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlx_vlm")
+
+from PIL import Image
+
+from steward.worker.injection import Injector, parse
+from steward.worker.protocol import (
+    Done,
+    FromWorker,
+    Generate,
+    Progress,
+    Rejected,
+    Token,
+    decode_to_worker,
+    encode,
+)
+from steward.worker.vision import VisionBackend
+from tests.tinyvlm import IMAGE_SEQ_LEN, build_tiny_vlm
+
+ASK = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}]
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    return build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny-vlm", default_model_dir)
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_vlm: Path) -> VisionBackend:
+    return VisionBackend(tiny_vlm, Injector([], 1))
+
+
+def png(size: int = 64, color: tuple[int, int, int] = (200, 40, 40)) -> bytes:
+    image = Image.new("RGB", (size, size), color)
+    for x in range(size // 2):
+        image.putpixel((x, x), (10, 200, 10))
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def run(
+    backend: VisionBackend, req: Generate, **kwargs: Any
+) -> tuple[Done | Rejected, list[FromWorker]]:
+    sent: list[FromWorker] = []
+    return backend.generate(req, sent.append, lambda: False, **kwargs), sent
+
+
+def tokens(sent: list[FromWorker]) -> list[int]:
+    return [m.token for m in sent if isinstance(m, Token) and m.token >= 0]
+
+
+def test_mlx_vlm_loads_the_tiny_vlm(tiny_vlm: Path) -> None:
+    from mlx_vlm import load
+
+    model, processor = load(str(tiny_vlm))
+    assert model.config.model_type == "smolvlm"
+    assert type(processor).__name__ == "SmolVLMProcessor"
+    assert processor.image_seq_len == IMAGE_SEQ_LEN
+    assert processor.tokenizer.convert_tokens_to_ids("<image>") == model.config.image_token_id
+
+
+def test_image_and_text(backend: VisionBackend) -> None:
+    req = Generate(id=1, seq=1, attempt=1, max_tokens=6, messages=ASK, images=[png()])
+    req = decode_to_worker(encode(req))  # images travel through the real protocol
+    done, sent = run(backend, req)
+    assert isinstance(done, Done), done
+    assert (done.finish_reason, done.completion_tokens) == ("length", 6)
+    assert isinstance(sent[0], Progress)
+    assert len(tokens(sent)) == 6
+    ids = backend.encode(req, req.images)
+    # a 64x64 image: 2x2 tiles of 32 plus the global one, IMAGE_SEQ_LEN tokens each
+    assert ids.count(backend.model.config.image_token_id) == 5 * IMAGE_SEQ_LEN
+    assert done.prompt_tokens == len(ids)
+    # greedy is deterministic; a decoded PIL image gives the same answer as its PNG bytes
+    pil = Image.open(io.BytesIO(png()))
+    again, sent2 = run(backend, req, images=[pil])
+    assert tokens(sent2) == tokens(sent)
+    assert again.prompt_tokens == done.prompt_tokens
+
+
+def test_text_only(backend: VisionBackend) -> None:
+    hi = [{"role": "user", "content": "Hi"}]
+    chat = Generate(id=2, seq=2, attempt=1, max_tokens=5, messages=hi)
+    done, sent = run(backend, chat)
+    assert isinstance(done, Done) and done.completion_tokens == 5
+    assert backend.model.config.image_token_id not in backend.encode(chat)
+    completion = Generate(id=3, seq=3, attempt=1, max_tokens=4, prompt="Once upon a time")
+    done, sent = run(backend, completion)
+    assert isinstance(done, Done) and done.completion_tokens == 4
+    text = "".join(m.text for m in sent if isinstance(m, Token))
+    assert text
+
+
+def test_request_problems_are_rejected(backend: VisionBackend) -> None:
+    req = Generate(id=4, seq=4, attempt=1, max_tokens=4, messages=ASK)
+    done, _ = run(backend, req, images=[b"not an image"])
+    assert isinstance(done, Rejected) and done.type == "validation_error"
+    done, _ = run(backend, req, images=[])
+    assert isinstance(done, Rejected) and "1 image parts but 0 images" in done.message
+    long = Generate(id=5, seq=5, attempt=1, max_tokens=backend.context_length, messages=ASK)
+    done, _ = run(backend, long, images=[png()])
+    assert isinstance(done, Rejected) and done.type == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("point", ["prefill", "decode"])
+def test_fault_points(backend: VisionBackend, point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend, "injector", Injector([parse(f"{point}:raise")], 1))
+    req = Generate(id=6, seq=1, attempt=1, max_tokens=3, messages=ASK)
+    with pytest.raises(RuntimeError, match="GPU Timeout"):
+        run(backend, req, images=[png()])

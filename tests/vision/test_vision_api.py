@@ -1,0 +1,104 @@
+"""Vision end to end: a tiny random SmolVLM served by a real `steward serve`, images as
+data URLs through the official `openai` client, and the front's bounds refusing what is too
+big before the worker ever sees it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlx_vlm")
+
+from PIL import Image
+
+from steward.front.images import ImageLimits, prepare
+from tests.front.test_openai_api import assert_envelope
+from tests.ops.test_observability import samples
+from tests.tinyvlm import build_tiny_vlm
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    return build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny-vlm", default_model_dir)
+
+
+def image_url(width: int = 64, height: int = 64, fmt: str = "PNG") -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 40, 40)).save(buf, fmt)
+    mime = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp", "GIF": "gif"}[fmt]
+    return f"data:image/{mime};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def ask(*urls: str, text: str = "What is it?") -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+def test_image_and_text_requests_answer(serve, tiny_vlm: Path) -> None:
+    server = serve("--model", str(tiny_vlm))
+    server.wait()
+    client = server.client(max_retries=0)
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF"):
+        reply = client.chat.completions.create(
+            model="default", messages=ask(image_url(fmt=fmt)), max_tokens=4, temperature=0
+        )
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        assert reply.usage.completion_tokens >= 1
+    with_image = reply.usage.prompt_tokens
+    text_only = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "What is it?"}], max_tokens=4
+    )
+    assert text_only.usage.completion_tokens >= 1
+    assert with_image > text_only.usage.prompt_tokens  # the image's tokens were counted
+
+
+def test_bounds_refuse_before_the_worker(serve, tiny_vlm: Path, tiny_model: Path) -> None:
+    server = serve(
+        "--model",
+        str(tiny_vlm),
+        "--max-images",
+        "2",
+        "--max-image-pixels",
+        "1000000",
+        "--max-image-bytes",
+        "200000",
+    )
+    server.wait()
+    post = server.http.post
+    cases = [
+        (ask(image_url(), image_url(), image_url()), 400, "validation_error"),  # count
+        (ask(image_url(1001, 1000)), 413, "request_too_large"),  # pixels, from the header
+        (ask("data:image/png;base64," + "A" * 300_000), 413, "request_too_large"),  # bytes
+        (ask("https://example.com/cat.png"), 400, "validation_error"),  # remote: refused
+        (ask("data:image/png;base64,not base64!"), 400, "validation_error"),
+        (
+            ask("data:image/png;base64," + base64.b64encode(b"no image").decode()),
+            400,
+            "validation_error",
+        ),
+        (ask("file:///etc/passwd"), 400, "validation_error"),
+    ]
+    for messages, status, kind in cases:
+        body = {"messages": messages, "max_tokens": 2}
+        assert_envelope(post("/v1/chat/completions", json=body), status, kind)
+    m = samples(server.http.get("/metrics").text)
+    assert m[("steward_time_to_first_token_seconds_count", ())] == 0  # the worker saw none
+    text_server = serve("--model", str(tiny_model))
+    text_server.wait()
+    refused = text_server.http.post("/v1/chat/completions", json={"messages": ask(image_url())})
+    assert (
+        "does not take images"
+        in assert_envelope(refused, 400, "validation_error")["error"]["message"]
+    )
+
+
+def test_front_downscales_to_max_edge() -> None:
+    limits = ImageLimits(
+        max_edge=128, max_pixels=10**7, max_bytes=10**7, max_images=4, allow_urls=False
+    )
+    raw = base64.b64decode(image_url(512, 256).split(",", 1)[1])
+    assert Image.open(io.BytesIO(prepare(raw, limits))).size == (128, 64)
