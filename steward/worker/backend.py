@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm import load, stream_generate
@@ -61,46 +62,73 @@ class Backend:
                 f"prompt has {len(tokens)} tokens and {req.max_tokens or 1} were requested "
                 "for the completion.",
             )
-        text = req.prompt if req.messages is None else json.dumps(req.messages)
-        self.injector.hit("prefill", req.seq, req.attempt, text or "")
+        self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req))
         if req.seed is not None:
             mx.random.seed(req.seed)
-        stops = StopMatcher(req.stop)
         start = time.perf_counter()
-        first = start
-        count = 0
-        finish = "length"
-        for step, out in enumerate(
-            stream_generate(
-                self.model,
-                self.tokenizer,
-                tokens,
-                max_tokens=req.max_tokens or room,
-                sampler=make_sampler(req.temperature, req.top_p),
-                prompt_progress_callback=lambda *_: emit(Progress(req.id)),
-            )
-        ):
-            if step == 0:
-                first = time.perf_counter()
-            else:
-                self.injector.hit("decode", req.seq, req.attempt, text or "")
-            eos = out.finish_reason == "stop"
-            count += not eos
-            piece, stopped = stops.feed(out.text)
-            if stopped or out.finish_reason:
-                piece += "" if stopped else stops.flush()
-                finish = "stop" if stopped or eos else "length"
-            if piece or not eos:
-                emit(Token(req.id, -1 if eos else out.token, piece))
-            if stopped or cancelled():
-                finish = finish if stopped else "cancelled"
-                break
-        elapsed = time.perf_counter() - first
-        return Done(
-            req.id,
-            finish,
-            prompt_tokens=len(tokens),
-            completion_tokens=count,
-            ttft=first - start,
-            decode_tps=(count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0,
+        outputs = stream_generate(
+            self.model,
+            self.tokenizer,
+            tokens,
+            max_tokens=req.max_tokens or room,
+            sampler=make_sampler(req.temperature, req.top_p),
+            prompt_progress_callback=lambda *_: emit(Progress(req.id)),
         )
+        # mlx-lm's last response, when generation met EOS, carries the EOS: not a token.
+        return relay(
+            req,
+            outputs,
+            lambda out: out.finish_reason != "stop",
+            len(tokens),
+            start,
+            emit,
+            cancelled,
+            self.injector,
+        )
+
+
+def prompt_text(req: Generate) -> str:
+    """What fault-injection markers are looked for in."""
+    return (req.prompt or "") if req.messages is None else json.dumps(req.messages)
+
+
+def relay(
+    req: Generate,
+    outputs: Iterable[Any],
+    is_token: Callable[[Any], bool],
+    prompt_tokens: int,
+    start: float,
+    emit: Callable[[FromWorker], None],
+    cancelled: Callable[[], bool],
+    injector: Injector,
+) -> Done:
+    """A generator's responses to `Token` messages and a `Done`: stop strings, the decode
+    fault point, cancellation and timings, the same for every backend."""
+    text = prompt_text(req)
+    stops = StopMatcher(req.stop)
+    first, count, finish = start, 0, "length"
+    for step, out in enumerate(outputs):
+        real = is_token(out)
+        if step == 0:
+            first = time.perf_counter()
+        elif real:
+            injector.hit("decode", req.seq, req.attempt, text)
+        count += real
+        piece, stopped = stops.feed(out.text)
+        if stopped or out.finish_reason:
+            piece += "" if stopped else stops.flush()
+            finish = "stop" if stopped or out.finish_reason == "stop" else "length"
+        if piece or real:
+            emit(Token(req.id, int(out.token) if real else -1, piece))
+        if stopped or cancelled():
+            finish = finish if stopped else "cancelled"
+            break
+    elapsed = time.perf_counter() - first
+    return Done(
+        req.id,
+        finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=count,
+        ttft=first - start,
+        decode_tps=(count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0,
+    )

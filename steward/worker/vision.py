@@ -13,7 +13,6 @@ included) is known and checked against the context before any model code runs.
 from __future__ import annotations
 
 import io
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,10 +24,9 @@ from mlx_vlm import apply_chat_template, load, stream_generate
 from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 from PIL import Image, UnidentifiedImageError
 
-from steward.worker.backend import context_length
+from steward.worker.backend import context_length, prompt_text, relay
 from steward.worker.injection import Injector
-from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected, Token
-from steward.worker.stops import StopMatcher
+from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected
 
 ImageInput = bytes | Image.Image
 
@@ -150,52 +148,30 @@ class VisionBackend:
                 f"{req.max_tokens or 1} were requested for the completion.",
             )
         emit(Progress(req.id))  # preprocessing done: a slow image is not a stall
-        text = req.prompt if req.messages is None else json.dumps(req.messages)
-        self.injector.hit("prefill", req.seq, req.attempt, text or "")
-        stops = StopMatcher(req.stop)
-        first = start
-        count = 0
-        finish = "length"
-        for step, out in enumerate(
-            stream_generate(
-                self.model,
-                self.processor,
-                "",
-                input_ids=inputs.input_ids,
-                pixel_values=inputs.pixel_values,
-                mask=inputs.mask,
-                **inputs.extra,
-                max_tokens=req.max_tokens or room,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                top_k=0,
-                seed=req.seed,
-            )
-        ):
-            # mlx-vlm yields one result per generated token (finish_reason None), then a
-            # final one (finish_reason "stop"/"length") that only carries the detokenizer's
-            # flushed text; its token is the EOS or a repeat of the last token.
-            last = out.finish_reason is not None
-            if step == 0:
-                first = time.perf_counter()
-            elif not last:
-                self.injector.hit("decode", req.seq, req.attempt, text or "")
-            count += not last
-            piece, stopped = stops.feed(out.text)
-            if stopped or last:
-                piece += "" if stopped else stops.flush()
-                finish = "stop" if stopped or out.finish_reason == "stop" else "length"
-            if piece or not last:
-                emit(Token(req.id, -1 if last else int(out.token), piece))
-            if stopped or cancelled():
-                finish = finish if stopped else "cancelled"
-                break
-        elapsed = time.perf_counter() - first
-        return Done(
-            req.id,
-            finish,
-            prompt_tokens=inputs.prompt_tokens,
-            completion_tokens=count,
-            ttft=first - start,
-            decode_tps=(count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0,
+        self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req))
+        outputs = stream_generate(
+            self.model,
+            self.processor,
+            "",
+            input_ids=inputs.input_ids,
+            pixel_values=inputs.pixel_values,
+            mask=inputs.mask,
+            **inputs.extra,
+            max_tokens=req.max_tokens or room,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=0,
+            seed=req.seed,
+        )
+        # mlx-vlm yields one result per generated token, then a final one (finish_reason
+        # set) carrying only the detokenizer's flushed text: not a token.
+        return relay(
+            req,
+            outputs,
+            lambda out: out.finish_reason is None,
+            inputs.prompt_tokens,
+            start,
+            emit,
+            cancelled,
+            self.injector,
         )
