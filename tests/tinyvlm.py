@@ -45,10 +45,12 @@ def build_tiny_vlm(
     heads: int = 4,
     vision_hidden: int = 32,
     longest_edge: int = 2 * TILE,
+    resize: bool = True,
     context: int = 2048,
 ) -> Path:
     """Write a seeded random SmolVLM MLX model dir to `out`, from `tokenizer_dir`'s SmolLM2
-    tokenizer. `longest_edge` is the image processor's resize target (a multiple of 32)."""
+    tokenizer. `longest_edge` is the image processor's resize target (a multiple of 32);
+    with `resize=False` images keep their size, so their token count grows with their area."""
     out.mkdir(parents=True, exist_ok=True)
     vocab, eou = _write_tokenizer(out, tokenizer_dir)
     image_token_id = vocab - len(IMAGE_TOKENS) - GRID * GRID + 1
@@ -89,7 +91,7 @@ def build_tiny_vlm(
         "image_processor_type": "SmolVLMImageProcessor",
         "processor_class": "SmolVLMProcessor",
         "do_convert_rgb": True,
-        "do_resize": True,
+        "do_resize": resize,
         "size": {"longest_edge": longest_edge},
         "resample": 1,
         "do_image_splitting": True,

@@ -102,3 +102,66 @@ def test_front_downscales_to_max_edge() -> None:
     )
     raw = base64.b64decode(image_url(512, 256).split(",", 1)[1])
     assert Image.open(io.BytesIO(prepare(raw, limits))).size == (128, 64)
+
+
+def test_large_image_allocation_failure_is_survived(serve, default_model_dir, tmp_path) -> None:
+    """The field report's trigger: a very large image with --max-edge raised far beyond
+    normal, under a worker memory limit, so the failure is a real allocation failure."""
+    from tests.supervisor.test_memory_fault import HEADROOM, vm_peak
+    from tests.supervisor.test_recovery import faults_logged
+
+    # Image tokens grow with the image's area (no fixed resize): 1536 px is ~30k tokens.
+    vlm = build_tiny_vlm(tmp_path / "vlm", default_model_dir, resize=False, context=65536)
+    small = {"messages": ask(image_url()), "max_tokens": 2}
+    probe = serve("--model", str(vlm))
+    pid = probe.wait()["worker"]["pid"]
+    assert probe.http.post("/v1/chat/completions", json=small).status_code == 200
+    limit = vm_peak(pid) + HEADROOM
+    probe.stop()
+
+    server = serve(
+        "--model", str(vlm), "--max-edge", "4096", "--log-json", "--worker-memory-limit", str(limit)
+    )
+    server.wait()
+    huge = server.http.post(
+        "/v1/chat/completions",
+        timeout=300,
+        json={"messages": ask(image_url(1536, 1536)), "max_tokens": 2},
+    )
+    faults = [event["fault"] for event in faults_logged(server.output())]
+    classes = {fault["class"] for fault in faults}
+    assert faults and classes <= {"worker_crash", "oom"}, (huge.text, faults)
+    assert huge.json()["error"]["fault"]["class"] in classes
+    if "worker_crash" in classes:  # MLX's allocation: SIGSEGV on this CPU, worker replaced
+        assert huge.status_code == 422  # its replay crashed too: quarantined
+    else:  # an allocation that raised: the canary proves the worker sound
+        assert huge.status_code == 507
+    server.wait("degraded")
+    for _ in range(2):
+        assert server.http.post("/v1/chat/completions", json=small).status_code == 200
+
+
+def test_remote_image_only_when_allowed(serve, tiny_vlm: Path, tmp_path: Path) -> None:
+    """--allow-image-urls fetches http(s) images (here from a loopback server), bounded too."""
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "red.png").write_bytes(base64.b64decode(image_url().split(",", 1)[1]))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        server = serve("--model", str(tiny_vlm), "--allow-image-urls")
+        server.wait()
+        ok = server.http.post(
+            "/v1/chat/completions", json={"messages": ask(url + "/red.png"), "max_tokens": 2}
+        )
+        assert ok.status_code == 200, ok.text
+        missing = server.http.post(
+            "/v1/chat/completions", json={"messages": ask(url + "/nope.png"), "max_tokens": 2}
+        )
+        assert_envelope(missing, 400, "validation_error")
+    finally:
+        httpd.shutdown()
