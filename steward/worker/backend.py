@@ -53,15 +53,9 @@ class Backend:
         cancelled: Callable[[], bool],
     ) -> Done | Rejected:
         tokens = self.encode(req)
+        if rejected := over_context(req, self.context_length, len(tokens)):
+            return rejected
         room = self.context_length - len(tokens)
-        if room < (req.max_tokens or 1):
-            return Rejected(
-                req.id,
-                "context_length_exceeded",
-                f"This model's maximum context length is {self.context_length} tokens; the "
-                f"prompt has {len(tokens)} tokens and {req.max_tokens or 1} were requested "
-                "for the completion.",
-            )
         self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req))
         if req.seed is not None:
             mx.random.seed(req.seed)
@@ -85,6 +79,20 @@ class Backend:
             cancelled,
             self.injector,
         )
+
+
+def over_context(req: Generate, context_length: int, prompt_tokens: int) -> Rejected | None:
+    """A prompt and its completion must fit the context: else a 400 for the request, no fault."""
+    wanted = req.max_tokens or 1
+    if context_length - prompt_tokens >= wanted:
+        return None
+    return Rejected(
+        req.id,
+        "context_length_exceeded",
+        f"This model's maximum context length is {context_length} tokens; the prompt has "
+        f"{prompt_tokens} tokens and {wanted} were requested for the "
+        "completion.",
+    )
 
 
 def prompt_text(req: Generate) -> str:

@@ -24,7 +24,7 @@ from mlx_vlm import apply_chat_template, load, stream_generate
 from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 from PIL import Image, UnidentifiedImageError
 
-from steward.worker.backend import context_length, prompt_text, relay
+from steward.worker.backend import context_length, over_context, prompt_text, relay
 from steward.worker.injection import Injector
 from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected
 
@@ -103,10 +103,6 @@ class VisionBackend:
             inputs["input_ids"], inputs.get("pixel_values"), inputs.get("attention_mask"), extra
         )
 
-    def encode(self, req: Generate, images: Sequence[ImageInput] = ()) -> list[int]:
-        """Prompt token ids, image tokens expanded as the model will see them."""
-        return [int(t) for t in self.prepare(req, images).input_ids.reshape(-1).tolist()]
-
     def generate(
         self,
         req: Generate,
@@ -114,8 +110,8 @@ class VisionBackend:
         cancelled: Callable[[], bool],
         images: Sequence[ImageInput] | None = None,
     ) -> Done | Rejected:
-        """`images` defaults to `req.images` (the proposed `Generate` field)."""
-        images = getattr(req, "images", ()) if images is None else images
+        """`images` defaults to `req.images`; in-process callers may pass PIL images."""
+        images = req.images if images is None else images
         try:
             return self._generate(req, emit, cancelled, images)
         finally:
@@ -138,15 +134,9 @@ class VisionBackend:
             inputs = self.prepare(req, images)
         except BadImage as exc:
             return Rejected(req.id, "validation_error", str(exc))
+        if rejected := over_context(req, self.context_length, inputs.prompt_tokens):
+            return rejected
         room = self.context_length - inputs.prompt_tokens
-        if room < (req.max_tokens or 1):
-            return Rejected(
-                req.id,
-                "context_length_exceeded",
-                f"This model's maximum context length is {self.context_length} tokens; the "
-                f"prompt has {inputs.prompt_tokens} tokens (images included) and "
-                f"{req.max_tokens or 1} were requested for the completion.",
-            )
         emit(Progress(req.id))  # preprocessing done: a slow image is not a stall
         self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req))
         outputs = stream_generate(

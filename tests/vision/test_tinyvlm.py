@@ -51,6 +51,11 @@ def png(size: int = 64, color: tuple[int, int, int] = (200, 40, 40)) -> bytes:
     return buf.getvalue()
 
 
+def prompt_ids(backend: VisionBackend, req: Generate, images: list[bytes] = ()) -> list[int]:
+    """Prompt token ids, image tokens expanded as the model will see them."""
+    return [int(t) for t in backend.prepare(req, images).input_ids.reshape(-1).tolist()]
+
+
 def run(
     backend: VisionBackend, req: Generate, **kwargs: Any
 ) -> tuple[Done | Rejected, list[FromWorker]]:
@@ -80,7 +85,7 @@ def test_image_and_text(backend: VisionBackend) -> None:
     assert (done.finish_reason, done.completion_tokens) == ("length", 6)
     assert isinstance(sent[0], Progress)
     assert len(tokens(sent)) == 6
-    ids = backend.encode(req, req.images)
+    ids = prompt_ids(backend, req, req.images)
     # a 64x64 image: 2x2 tiles of 32 plus the global one, IMAGE_SEQ_LEN tokens each
     assert ids.count(backend.model.config.image_token_id) == 5 * IMAGE_SEQ_LEN
     assert done.prompt_tokens == len(ids)
@@ -96,7 +101,7 @@ def test_text_only(backend: VisionBackend) -> None:
     chat = Generate(id=2, seq=2, attempt=1, max_tokens=5, messages=hi)
     done, sent = run(backend, chat)
     assert isinstance(done, Done) and done.completion_tokens == 5
-    assert backend.model.config.image_token_id not in backend.encode(chat)
+    assert backend.model.config.image_token_id not in prompt_ids(backend, chat)
     completion = Generate(id=3, seq=3, attempt=1, max_tokens=4, prompt="Once upon a time")
     done, sent = run(backend, completion)
     assert isinstance(done, Done) and done.completion_tokens == 4
