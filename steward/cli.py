@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,12 +87,29 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "queue-size", int, "requests that may wait for the worker")
     _flag(p, "queue-timeout", float, "seconds a request may wait in the queue")
     _flag(p, "request-timeout", float, "seconds a request may take in all")
-    _flag(p, "api-key", str, "require 'Authorization: Bearer KEY' on /v1/*")
+    _flag(
+        p,
+        "api-key",
+        str,
+        "require 'Authorization: Bearer KEY' on /v1/* (prefer STEWARD_API_KEY or "
+        "--api-key-file: a flag's value shows in `ps`)",
+    )
+    _flag(p, "api-key-file", str, "read the API key from the first line of this file")
     _flag(p, "served-model-name", str, "another name clients may use for the model")
     _flag(p, "log-json", bool, "log one JSON object per line")
     _flag(p, "log-level", str, "log level")
     _flag(p, "worker-memory-limit", byte_size, "address-space limit of the worker (e.g. 8G)")
     _flag(p, "max-body-bytes", byte_size, "largest request body accepted")
+    _flag(
+        p,
+        "max-connections",
+        int,
+        "open connections served; beyond, 503 except health and metrics (lowered to fit "
+        "the file-descriptor limit)",
+    )
+    _flag(p, "header-timeout", float, "seconds a client has to send a request's headers")
+    _flag(p, "body-timeout", float, "seconds a client has to send a request's body (else 408)")
+    _flag(p, "keep-alive-timeout", float, "seconds an idle keep-alive connection is kept")
     _flag(p, "max-edge", int, "longest image edge; larger images are downscaled")
     _flag(p, "max-image-pixels", int, "largest image accepted, in pixels (read from its header)")
     _flag(p, "max-image-bytes", byte_size, "largest encoded image accepted")
@@ -107,9 +124,24 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     drill.add_parser(sub)
-    imp = sub.add_parser("import", help="convert a llama-family GGUF to an MLX model dir")
-    imp.add_argument("gguf", type=Path)
-    imp.add_argument("out", type=Path, nargs="?")
+    imp = sub.add_parser(
+        "import",
+        help="convert a llama-family GGUF to an MLX model dir",
+        description="Convert a llama-family GGUF file (F32, F16, Q8_0, Q4_0 or Q4_1 tensors) "
+        "into an MLX model directory that `steward serve --model OUT_DIR` serves: "
+        "config.json, model.safetensors, tokenizer.json and tokenizer_config.json.",
+    )
+    imp.add_argument(
+        "gguf", type=Path, metavar="FILE.gguf", help="the llama-family GGUF file to convert"
+    )
+    imp.add_argument(
+        "out",
+        type=Path,
+        nargs="?",
+        metavar="OUT_DIR",
+        help="the MLX model directory to write (default: FILE without .gguf); "
+        "it must not exist yet, or be an empty directory",
+    )
     return p
 
 
@@ -122,12 +154,24 @@ def serve(args: argparse.Namespace) -> int:
     config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
     logs.setup(config.log_json, config.log_level)
     try:
+        config = with_key_file(config)
         source = resolve_model(config.model)
         faults = parse_all(config.inject_fault)
-    except (ModelError, ValueError) as exc:
+    except (ModelError, ValueError, OSError) as exc:
         logging.getLogger("steward").critical("%s", exc)
         return EX_CONFIG
     return asyncio.run(run(config, source, faults))
+
+
+def with_key_file(config: ServeConfig) -> ServeConfig:
+    """`--api-key-file`: the key from the file's first line, never from argv."""
+    if not config.api_key_file:
+        return config
+    lines = Path(config.api_key_file).read_text().splitlines()
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise ValueError(f"--api-key-file {config.api_key_file}: no key on its first line")
+    return replace(config, api_key=key)
 
 
 def import_gguf(args: argparse.Namespace) -> int:
@@ -137,7 +181,7 @@ def import_gguf(args: argparse.Namespace) -> int:
     out = args.out or args.gguf.with_suffix("")
     try:
         convert(args.gguf, out)
-    except (ModelError, FileExistsError) as exc:
+    except (ModelError, OSError) as exc:  # an occupied OUT_DIR included: the message says why
         print(f"steward import: {exc}", file=sys.stderr)
         return EX_CONFIG
     print(out)

@@ -20,11 +20,16 @@ class ServeConfig:
     queue_timeout: float = 30.0
     request_timeout: float = 600.0
     api_key: str | None = None
+    api_key_file: str | None = None
     served_model_name: list[str] = field(default_factory=list)
     log_json: bool = False
     log_level: str = "info"
     worker_memory_limit: int | None = None
     max_body_bytes: int = 32 * 1024 * 1024
+    max_connections: int = 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    keep_alive_timeout: float = 5.0
     max_edge: int = 1536
     max_image_pixels: int = 50_000_000
     max_image_bytes: int = 16 * 1024 * 1024

@@ -1,8 +1,11 @@
 """`steward drill`: the field report's repro, run against any OpenAI-compatible server.
 
 A baseline request, an inducing one, then N ordinary ones while `/health` is sampled; the
-verdict says whether the server recovered, exited or kept failing. No client-side retries:
-the point is what the server does. docs/drill.md defines "recovered".
+verdict says whether the server recovered, exited or kept failing, or refused the inducing
+request so that nothing was induced. No client-side retries: the point is what the server
+does. The outage is timed from what health and the ordinary requests saw, never from the
+inducing request's own answer, which may come long after the fault or long after the
+recovery. docs/drill.md defines "recovered" and the outage.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 import httpx
@@ -28,6 +32,33 @@ EXIT_WAIT_S = 10.0  # how long a spawned server that stopped serving gets to exi
 RETRY = (("true", "true"), ("false", "false"), ("absent", None))  # the header's values
 RETRYABLE = (("true", True), ("false", False), ("absent", None))  # the envelope's
 STEWARD = (("status",), ("worker", "generation"), ("worker", "pid"), ("faults", "total"))
+Span = list[float | None]  # [start, end], seconds since the drill started; end None: not over
+
+
+class Kind(StrEnum):
+    """The verdicts, in the order their rules are tried (docs/drill.md)."""
+
+    EXITED = "exited"
+    NOT_INDUCED = "not_induced"
+    NOT_RECOVERED = "not_recovered"
+    NO_FAULT = "no_fault"
+    REPLACED = "replaced"
+    IN_PLACE = "in_place"
+
+
+EXIT = {
+    Kind.REPLACED: 0,
+    Kind.IN_PLACE: 0,
+    Kind.EXITED: 1,
+    Kind.NOT_RECOVERED: 1,
+    Kind.NO_FAULT: 2,
+    Kind.NOT_INDUCED: 3,
+}
+EXIT_CODES = """exit status:
+  0  recovered: in place, or by worker replacement
+  1  not recovered: the server exited, or was still failing at the end
+  2  inconclusive: the drill could not run, or no fault was observed
+  3  not induced: the server refused the inducing request (4xx) and nothing faulted"""
 
 
 class DrillError(Exception):
@@ -46,6 +77,7 @@ class Outcome:
     retryable: bool | None = None  # the error envelope's retryable
     should_retry: str | None = None  # the x-should-retry header
     latency_ms: float = 0.0
+    answered: float = 0.0  # when its answer (or failure) came: when the client saw it
 
 
 @dataclass
@@ -62,7 +94,16 @@ class Sample:
 
     @property
     def healthy(self) -> bool:
-        return isinstance(self.status, int) and 200 <= self.status < 300
+        """Ready to serve: /health 2xx, and /health/ready 2xx where the server has one."""
+        return _2xx(self.status) and (self.ready is None or _2xx(self.ready))
+
+
+def _2xx(status: int | str | None) -> bool:
+    return isinstance(status, int) and 200 <= status < 300
+
+
+def _4xx(status: int | str | None) -> bool:
+    return isinstance(status, int) and 400 <= status < 500
 
 
 def dig(value: Any, *keys: str) -> Any:
@@ -166,12 +207,14 @@ def send(
     start = time.monotonic()
     try:
         r = http.post("/v1/chat/completions", json=body)
+        status: int | str = r.status_code
     except httpx.TransportError as exc:
         status = "timeout" if isinstance(exc, httpx.TimeoutException) else "down"
-        return Outcome(kind, round(start - t0, 3), status, False, latency_ms=_ms(start))
-    outcome = Outcome(
-        kind, round(start - t0, 3), r.status_code, r.is_success, latency_ms=_ms(start)
-    )
+    end = time.monotonic()
+    ms, t, answered = round((end - start) * 1000, 1), round(start - t0, 3), round(end - t0, 3)
+    outcome = Outcome(kind, t, status, _2xx(status), latency_ms=ms, answered=answered)
+    if isinstance(status, str):
+        return outcome
     if not r.is_success:
         try:
             error = dig(r.json(), "error")
@@ -183,10 +226,6 @@ def send(
     return outcome
 
 
-def _ms(start: float) -> float:
-    return round((time.monotonic() - start) * 1000, 1)
-
-
 def replaced(samples: list[Sample]) -> bool:
     """Did the worker change? By generation where the server reports one, else by pid."""
     for key in ("generation", "pid"):
@@ -196,42 +235,84 @@ def replaced(samples: list[Sample]) -> bool:
     return False
 
 
-def verdict(requests: list[Outcome], watch: Watch, induced_at: float) -> dict[str, Any]:
-    """The rules of docs/drill.md, in order: exited, still failing, no fault, replaced, in place."""
-    samples = watch.samples
+def health_outage(samples: list[Sample], induced_at: float) -> Span | None:
+    """From the first unready poll after the inducing request was sent to the first ready one
+    after which none was unready; None when health never showed trouble."""
     after = [s for s in samples if s.t >= induced_at]
-    bad = [s for s in after if not s.healthy] if samples[0].healthy else []  # else: no /health
-    tried = [r for r in requests if r.kind != "baseline"]
-    failed = [r for r in tried if not r.ok]
-    trailing = len(tried) - max((i + 1 for i, r in enumerate(tried) if r.ok), default=0)
+    bad = [i for i, s in enumerate(after) if not s.healthy]
+    if not bad:
+        return None
+    return [after[bad[0]].t, after[bad[-1] + 1].t if bad[-1] + 1 < len(after) else None]
+
+
+def request_outage(requests: list[Outcome]) -> Span | None:
+    """From the first failed ordinary answer to the first successful one after which none
+    failed: what clients saw. The inducing request's own answer is left out."""
+    ordinary = [r for r in requests if r.kind == "ordinary"]
+    bad = [i for i, r in enumerate(ordinary) if not r.ok]
+    if not bad:
+        return None
+    after = ordinary[bad[-1] + 1 :]
+    return [ordinary[bad[0]].answered, after[0].answered if after else None]
+
+
+def outage(*spans: Span | None) -> Span | None:
+    """The first trouble either saw to the moment both saw none after; None while not over."""
+    seen = [s for s in spans if s]
+    if not seen or any(s[1] is None for s in seen):
+        return None
+    return [min(s[0] for s in seen), max(s[1] for s in seen)]
+
+
+def refusal(induce: Outcome) -> str:
+    """The refused inducing request's answer, for the verdict: `404 (not_found)`."""
+    return f"{induce.status}" + (f" ({induce.error})" if induce.error else "")
+
+
+def verdict(requests: list[Outcome], watch: Watch, induced_at: float) -> dict[str, Any]:
+    """The rules of docs/drill.md, in Kind's order; the outage from health and ordinary requests.
+
+    A 4xx answer to the inducing request is a refusal, so nothing was induced, unless the
+    server showed a fault anyway: steward answers 422 `request_quarantined` to a request that
+    faulted its worker, and its health, worker and fault count show that fault.
+    """
+    samples = watch.samples
+    trusted = samples[0].healthy  # else /health says nothing: judge by requests alone
+    by_health = health_outage(samples, induced_at) if trusted else None
+    by_requests = request_outage(requests)
+    span = outage(by_health, by_requests)
+    recovery_s = round(span[1] - span[0], 2) if span else None
     counts = [s.faults for s in samples if s.faults is not None]
-    faulted = bool(failed or bad or replaced(samples) or (counts and counts[-1] > counts[0]))
-    starts = [s.t for s in bad[:1]] + [r.t for r in failed[:1]]
-    if bad:  # serving again: the first healthy sample after the last unhealthy one
-        ends = [s.t for s in after if s.healthy and s.t > bad[-1].t]
-    else:  # health never showed it: the first success after the last failure
-        ends = [r.t for r in tried if r.ok and failed and r.t > failed[-1].t]
-    outage = [min(starts), ends[0]] if starts and ends else None
-    recovery_s = round(outage[1] - outage[0], 2) if outage else None
+    rose = len(counts) > 1 and counts[-1] > counts[0]
+    shown = bool(by_health or by_requests or replaced(samples) or rose)  # a fault, seen apart
+    induce = next((r for r in requests if r.kind == "induce"), None)
+    refused = induce if induce and _4xx(induce.status) and not shown else None
+    tried = [r for r in requests if r.kind != "baseline"]
+    trailing = len(tried) - max((i + 1 for i, r in enumerate(tried) if r.ok), default=0)
     if watch.exit:
-        kind, text = "exited", f"exited with code {watch.exit[1]}"
+        kind, text = Kind.EXITED, f"exited with code {watch.exit[1]}"
+    elif refused:
+        kind = Kind.NOT_INDUCED
+        text = f"NOT INDUCED: the server refused the inducing request with {refusal(refused)}"
     elif trailing:
         down = " (server down)" if samples[-1].status == "down" else ""
-        kind, text = "not_recovered", f"NOT RECOVERED: {trailing} consecutive failures{down}"
-    elif not faulted:
-        kind, text = "no_fault", "NO FAULT OBSERVED: nothing failed, health never changed"
-    elif replaced(samples):
-        kind = "replaced"
-        text = "recovered by worker replacement" + (f" in {recovery_s:.1f} s" if outage else "")
+        kind, text = Kind.NOT_RECOVERED, f"NOT RECOVERED: {trailing} consecutive failures{down}"
+    elif not (shown or (induce and not induce.ok)):
+        kind, text = Kind.NO_FAULT, "NO FAULT OBSERVED: nothing failed, health never changed"
     else:
-        n = sum(1 for r in failed if r.kind == "ordinary")
-        kind, text = "in_place", "recovered in place" + (f" after {n} failed requests" if n else "")
+        kind = Kind.REPLACED if replaced(samples) else Kind.IN_PLACE
+        how = "by worker replacement" if kind == Kind.REPLACED else "in place"
+        text = f"recovered {how}" + (f" in {recovery_s:.1f} s" if span else "")
+        n = sum(1 for r in tried if r.kind == "ordinary" and not r.ok)
+        text += f" after {n} failed requests" if n and kind == Kind.IN_PLACE else ""
     return {
         "kind": kind,
         "text": text,
-        "recovered": kind in ("replaced", "in_place"),
+        "recovered": EXIT[kind] == 0,
         "recovery_s": recovery_s,
-        "outage": outage,
+        "outage": span,
+        "health_outage": by_health,
+        "request_outage": by_requests,
         "consecutive_failures": trailing,
         "induced_at": induced_at,
     }
@@ -335,9 +416,22 @@ def table(report: dict[str, Any]) -> str:
         f"x-should-retry: {retry}; retryable: {envelope}"
     )
     v = report["verdict"]
+    spans = {"/health": v["health_outage"], "requests": v["request_outage"]}
+    seen = [name for name, span in spans.items() if span]
     if v["outage"]:
-        lines.append(f"outage: {v['outage'][0]:.3f} s to {v['outage'][1]:.3f} s")
+        lines.append(f"outage: {_span(v['outage'])}, seen by {' and '.join(seen)}")
+    elif seen:
+        lines.append("outage: not over at the end")
+    if len(seen) > 1 or not v["outage"]:  # each figure: both saw it, or it is not over
+        lines += [f"  by {name}: {_span(spans[name])}" for name in seen]
     return "\n".join([*lines, f"verdict: {v['text']}"])
+
+
+def _span(span: Span) -> str:
+    start, end = span
+    if end is None:
+        return f"from {start:.3f} s, not over at the end"
+    return f"{start:.3f} s to {end:.3f} s ({end - start:.1f} s)"
 
 
 def induce_arg(text: str) -> str:
@@ -348,6 +442,7 @@ def induce_arg(text: str) -> str:
 
 def configure(p: argparse.ArgumentParser) -> None:
     """The drill's flags, shared by `steward drill` and `python -m steward.drill`."""
+    p.epilog, p.formatter_class = EXIT_CODES, argparse.RawDescriptionHelpFormatter
     p.add_argument("--url", required=True, help="the server's base URL (a trailing /v1 is fine)")
     p.add_argument("--requests", type=int, default=70, help="ordinary requests (default: 70)")
     p.add_argument(
@@ -379,7 +474,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """0: recovered; 1: exited or not recovered; 2: inconclusive (could not run, no fault)."""
+    """Runs the drill and prints it; the exit status is EXIT_CODES's."""
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         print(
             "steward drill: --plot needs matplotlib: pip install 'steward[drill]'", file=sys.stderr
@@ -404,8 +499,7 @@ def main(args: argparse.Namespace) -> int:
 
         plot(report, args.plot)
     print(json.dumps(report, indent=2) if args.json else table(report))
-    kind = report["verdict"]["kind"]
-    return 0 if report["verdict"]["recovered"] else 2 if kind == "no_fault" else 1
+    return EXIT[report["verdict"]["kind"]]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """The drill's timeline as a PNG: request outcomes above, the health state as a band below.
 
+Requests are drawn when their answer came, the moment the client saw it, as the outage is
+measured (docs/drill.md); the dashed line marks when the inducing request was sent.
+
 matplotlib (the `steward[drill]` extra) with the Agg backend: no display is needed, and the
 server itself never imports it.
 """
@@ -44,7 +47,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     for ok, colour, marker in ((True, OK, "o"), (False, FAILED, "x")):
         shown = [r for r in requests if r["ok"] is ok and r["kind"] != "induce"]
         ax.scatter(
-            [r["t"] for r in shown],
+            [r["answered"] for r in shown],
             [max(r["latency_ms"], 0.1) for r in shown],
             s=24,
             c=colour,
@@ -55,7 +58,7 @@ def plot(report: dict[str, Any], path: str) -> None:
         if r["kind"] == "induce":
             label = f"inducing request ({r['status']} {r['error'] or ''})".replace(" )", ")")
             ax.scatter(
-                [r["t"]],
+                [r["answered"]],
                 [max(r["latency_ms"], 0.1)],
                 s=160,
                 marker="*",
@@ -76,8 +79,8 @@ def plot(report: dict[str, Any], path: str) -> None:
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))  # 20, not 2x10^1
     ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
-    ax.set_ylabel("request latency (ms)")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_ylabel("latency (ms), when answered")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
 
     changes, samples = report["health_changes"], report["health"]

@@ -19,6 +19,7 @@ ERROR_TYPES: dict[str, tuple[int, bool]] = {
     "model_not_found": (404, False),
     "not_found": (404, False),
     "method_not_allowed": (405, False),
+    "body_timeout": (408, False),
     "request_too_large": (413, False),
     "request_quarantined": (422, False),
     "overloaded": (429, True),
@@ -26,6 +27,7 @@ ERROR_TYPES: dict[str, tuple[int, bool]] = {
     "backend_unavailable": (503, True),
     "backend_fault": (503, True),
     "server_shutdown": (503, True),
+    "too_many_connections": (503, True),
     "generation_timeout": (504, False),
     "insufficient_memory": (507, False),
 }

@@ -78,6 +78,21 @@ def test_flags_read_the_environment(serve, tiny_model: Path) -> None:
     assert server.http.get("/health/ready").status_code == 200  # health needs no key
 
 
+def test_api_key_file(serve, tiny_model: Path, tmp_path: Path) -> None:
+    keyfile = tmp_path / "key"
+    keyfile.write_text("from-a-file\n")
+    server = serve("--model", str(tiny_model), "--api-key-file", str(keyfile))
+    server.wait()
+    assert "from-a-file" not in " ".join(server.proc.args)  # never in argv, never in `ps`
+    assert server.http.get("/v1/models").status_code == 401
+    ok = server.http.get("/v1/models", headers={"authorization": "Bearer from-a-file"})
+    assert ok.status_code == 200
+    keyfile.write_text("\n")
+    done = steward("serve", "--api-key-file", str(keyfile), "--port", str(free_port()))
+    assert done.returncode == 78
+    assert "no key" in done.stderr
+
+
 def test_port_from_the_environment(tiny_model: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
@@ -103,9 +118,16 @@ def test_port_from_the_environment(tiny_model: Path) -> None:
 
 def test_import_command(tmp_path: Path) -> None:
     gguf = resolve_model(None).path
+    (tmp_path / "out").mkdir()  # empty, as `mktemp -d` leaves it: fine
     done = steward("import", str(gguf), str(tmp_path / "out"), timeout=300)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "config.json").is_file()
+    again = steward("import", str(gguf), str(tmp_path / "out"))
+    assert again.returncode == 78
+    assert "choose another OUT_DIR" in again.stderr
+    usage = steward("import", "-h").stdout
+    assert "the llama-family GGUF file to convert" in usage
+    assert "the MLX model directory to write" in usage
     bogus = tmp_path / "bogus.gguf"
     bogus.write_bytes(b"not a gguf")
     assert steward("import", str(bogus)).returncode == 78

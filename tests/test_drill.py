@@ -1,8 +1,10 @@
 """`steward drill` end to end: a real drill process against real servers.
 
-The steward servers are real (`serve` fixture, tiny model, injected faults); the field
-report's server is imitated by a few lines of http.server: a constant /health and
-non-retryable 500s after the inducing request, which is all a drill can see of it.
+The steward servers are real (`serve` fixture, tiny model, injected faults); other servers
+are imitated by a few lines of http.server each, which is all a drill can see of them: the
+field report's (a constant /health, non-retryable 500s after the inducing request),
+mlx_lm.server's (a 404 for an image part, nothing else wrong), and a server whose /health
+shows a short outage long before the inducing request gets its answer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
@@ -37,11 +40,8 @@ def drill(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-class FieldReportServer(BaseHTTPRequestHandler):
-    """mlx-knife as the report describes it: once poisoned, every request fails, forever."""
-
-    poisoned = False
-    bodies: ClassVar[list[dict]] = []
+class JsonHandler(BaseHTTPRequestHandler):
+    """JSON answers, no log lines."""
 
     def reply(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
@@ -51,6 +51,19 @@ class FieldReportServer(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def body(self) -> bytes:
+        return self.rfile.read(int(self.headers["content-length"]))
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class FieldReportServer(JsonHandler):
+    """mlx-knife as the report describes it: once poisoned, every request fails, forever."""
+
+    poisoned = False
+    bodies: ClassVar[list[dict]] = []
+
     def do_GET(self) -> None:
         if self.path == "/health":
             self.reply(200, {"status": "healthy"})
@@ -58,7 +71,7 @@ class FieldReportServer(BaseHTTPRequestHandler):
             self.reply(404, {"error": {"type": "not_found"}})
 
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["content-length"]))
+        body = self.body()
         type(self).poisoned |= b"BOOM" in body
         self.bodies.append(json.loads(body))
         if self.poisoned:
@@ -67,19 +80,60 @@ class FieldReportServer(BaseHTTPRequestHandler):
         else:
             self.reply(200, COMPLETION)
 
-    def log_message(self, *args: object) -> None:
-        pass
+
+class NoImageServer(JsonHandler):
+    """mlx_lm.server as the drill found it: a 404 for an image part, healthy otherwise."""
+
+    def do_GET(self) -> None:
+        self.reply(200 if self.path == "/health" else 404, {"status": "ok"})
+
+    def do_POST(self) -> None:
+        if b"image_url" in self.body():
+            self.reply(404, {"error": {"type": "not_found", "message": "no image support"}})
+        else:
+            self.reply(200, COMPLETION)
+
+
+class SlowAnswerServer(JsonHandler):
+    """Faults at the inducing request: /health 503 from 2.0 s to 3.5 s after it arrived, its
+    own 500 only at 4 s, then healthy. The outage is the 1.5 s of health, not 4 s."""
+
+    induced: float | None = None
+
+    def do_GET(self) -> None:
+        since = time.monotonic() - (self.induced or float("inf"))
+        self.reply(503 if 2.0 <= since < 3.5 else 200, {"status": "ok"})
+
+    def do_POST(self) -> None:
+        if b"BOOM" not in self.body():
+            self.reply(200, COMPLETION)
+            return
+        type(self).induced = time.monotonic()
+        time.sleep(4.0)
+        self.reply(500, {"error": {"type": "internal_error", "retryable": False}})
 
 
 @pytest.fixture
-def field_report_server() -> Iterator[str]:
+def fake() -> Iterator[Callable[[type[JsonHandler]], str]]:
+    """Start `fake(Handler)` on a free port; its URL comes back, it stops with the test."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(handler: type[JsonHandler]) -> str:
+        servers.append(ThreadingHTTPServer(("127.0.0.1", 0), handler))
+        threading.Thread(target=servers[-1].serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{servers[-1].server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def field_report_server(fake: Callable[[type[JsonHandler]], str]) -> str:
     FieldReportServer.poisoned = False
     FieldReportServer.bodies = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FieldReportServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    return fake(FieldReportServer)
 
 
 def test_poisoned_worker_is_reported_recovered_by_replacement(serve, tiny_model) -> None:
@@ -187,3 +241,36 @@ def test_plot_is_a_png(field_report_server, tmp_path) -> None:
         image.load()
         assert image.size == (1000, 480)
         assert len(image.convert("RGB").getcolors(1 << 20)) > 10  # drawn, not blank
+
+
+def test_refused_inducing_request_is_not_induced(fake) -> None:
+    url = fake(NoImageServer)
+    done = drill("--url", url, "--requests", "3", "--image-edge", "64", "--json")
+    assert done.returncode == 3, done.stderr
+    verdict = json.loads(done.stdout)["verdict"]
+    assert verdict["kind"] == "not_induced" and not verdict["recovered"]
+    assert verdict["text"] == (
+        "NOT INDUCED: the server refused the inducing request with 404 (not_found)"
+    )
+    spans = ("outage", "recovery_s", "health_outage", "request_outage")
+    assert all(verdict[key] is None for key in spans)
+    table = drill("--url", url, "--requests", "1", "--image-edge", "64")
+    assert table.returncode == 3 and "outage" not in table.stdout
+    assert "3  not induced" in drill("--help").stdout
+
+
+def test_outage_is_timed_by_health_not_by_the_inducing_answer(fake) -> None:
+    SlowAnswerServer.induced = None
+    url = fake(SlowAnswerServer)
+    done = drill("--url", url, "--requests", "5", "--induce", "marker=BOOM", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    verdict, induce = report["verdict"], report["requests"][1]
+    assert (induce["kind"], induce["status"]) == ("induce", 500)
+    assert induce["answered"] - induce["t"] >= 4.0
+    assert verdict["kind"] == "in_place"
+    assert verdict["request_outage"] is None  # every ordinary request was served
+    assert verdict["outage"] == verdict["health_outage"]
+    assert 1.0 <= verdict["recovery_s"] <= 2.5, verdict
+    assert verdict["outage"][0] >= induce["t"] + 1.5
+    assert verdict["text"] == f"recovered in place in {verdict['recovery_s']:.1f} s"

@@ -38,7 +38,7 @@ def create_app(config: ServeConfig, supervisor: Supervisor, metrics: Metrics) ->
     app.state.metrics = metrics
     app.include_router(health_routes.router)
     app.include_router(openai_routes.router)
-    app.add_middleware(RequestContext, max_body_bytes=config.max_body_bytes, metrics=metrics)
+    app.add_middleware(RequestContext, config=config, metrics=metrics)
 
     def answer(request: Request, error: ApiError) -> Response:
         metrics.error(error.type)
@@ -63,7 +63,8 @@ def create_app(config: ServeConfig, supervisor: Supervisor, metrics: Metrics) ->
         if isinstance(exc.__cause__, ApiError):  # raised while FastAPI read the body
             return answer(request, exc.__cause__)
         kind = HTTP_TYPES.get(exc.status_code, "validation_error")
-        return answer(request, ApiError(kind, f"{request.method} {request.url.path}: {exc.detail}"))
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return answer(request, ApiError(kind, message, headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> Response:
@@ -86,4 +87,5 @@ def request_id(request: Request) -> str:
 
 def _describe(error: dict) -> str:
     where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
-    return f"{where or 'body'}: {error.get('msg', 'invalid')}"
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return message if not where and ": " in message else f"{where or 'body'}: {message}"

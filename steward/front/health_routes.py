@@ -24,7 +24,7 @@ def health_body(supervisor: Supervisor) -> dict[str, Any]:
     link = supervisor.link
     faults = supervisor.faults
     return {
-        "status": str(supervisor.state),
+        "status": str(supervisor.status()),
         "model": supervisor.source.model_id,
         "service": "steward",
         "version": __version__,
@@ -50,19 +50,27 @@ def health_body(supervisor: Supervisor) -> dict[str, Any]:
 def _health(request: Request) -> JSONResponse:
     supervisor = request.app.state.supervisor
     body = health_body(supervisor)
-    if supervisor.state.serving:
+    status = supervisor.status()
+    if status.serving:
         return JSONResponse(body)
     headers = {}
-    if supervisor.state is not State.FAILED:
+    if status is not State.FAILED:
         headers["retry-after"] = str(supervisor.retry_after())
     return JSONResponse(body, 503, headers=headers)
 
 
-router.add_api_route("/health", _health, methods=["GET"])
-router.add_api_route("/health/ready", _health, methods=["GET"])
+NOT_SERVING = {
+    503: {
+        "description": "not serving now (starting, recovering, failed, stopping): the same "
+        "body, with Retry-After unless failed",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
+router.add_api_route("/health", _health, methods=["GET"], responses=NOT_SERVING)
+router.add_api_route("/health/ready", _health, methods=["GET"], responses=NOT_SERVING)
 
 
 @router.get("/health/live")
 def live(request: Request) -> dict[str, object]:
     supervisor = request.app.state.supervisor
-    return {"status": "alive", "state": str(supervisor.state), "service": "steward"}
+    return {"status": "alive", "state": str(supervisor.status()), "service": "steward"}

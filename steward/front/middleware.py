@@ -1,4 +1,5 @@
-"""ASGI middleware: a request id on every response, and a bounded request body.
+"""ASGI middleware: a request id on every response, a bounded request body that must
+arrive in time, and the answer to requests on connections over the cap.
 
 Pure ASGI rather than `BaseHTTPMiddleware`, so streaming responses pass straight through
 and a body over the limit is refused while it arrives, before it is buffered whole.
@@ -6,6 +7,7 @@ and a body over the limit is refused while it arrives, before it is buffered who
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -13,7 +15,9 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from steward.config import ServeConfig
 from steward.errors import ApiError, error_response
+from steward.front.connections import OVER_CAP
 from steward.ops.metrics import Metrics
 
 access = logging.getLogger("steward.access")
@@ -34,9 +38,11 @@ class RequestContext:
     """Outermost: request id, body bound, then one access-log line and one metrics sample
     per response, with the route template (not the raw path) to keep label sets small."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, config: ServeConfig, metrics: Metrics) -> None:
         self.app = app
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes = config.max_body_bytes
+        self.body_timeout = config.body_timeout
+        self.max_connections = config.max_connections
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -49,12 +55,27 @@ class RequestContext:
         header = request_id.encode()
         limit = self.max_body_bytes
         received = 0
+        complete = False
+        deadline = asyncio.get_running_loop().time() + self.body_timeout
         status = 500  # unless a response starts
 
         async def bounded_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            """The body within its size and time limits; after it, waiting is free (a
+            streaming response listens for the client's disconnect this way)."""
+            nonlocal received, complete
+            if complete:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise ApiError(
+                    "body_timeout",
+                    f"The request body did not arrive within {self.body_timeout:g} s.",
+                    headers={"connection": "close"},
+                ) from None
             received += len(message.get("body", b""))
+            complete = not message.get("more_body", False)
             if received > limit:
                 raise too_large(limit)
             return message
@@ -69,10 +90,21 @@ class RequestContext:
             await send(message)
 
         declared = dict(scope.get("headers", [])).get(b"content-length", b"0")
+        refusal = None
+        if declared.isdigit() and int(declared) > limit:
+            refusal = too_large(limit)
+        elif scope["state"].get(OVER_CAP) and not scope["path"].startswith(UNCAPPED):
+            refusal = ApiError(
+                "too_many_connections",
+                f"More than {self.max_connections} connections are open (max-connections); "
+                "retry shortly.",
+                retry_after=1,
+                headers={"connection": "close"},
+            )
         try:
-            if declared.isdigit() and int(declared) > limit:
-                self.metrics.error("request_too_large")
-                await error_response(too_large(limit), request_id)(scope, receive, send_with_id)
+            if refusal is not None:
+                self.metrics.error(refusal.type)
+                await error_response(refusal, request_id)(scope, receive, send_with_id)
             else:
                 await self.app(scope, bounded_receive, send_with_id)
         finally:
@@ -99,6 +131,9 @@ class RequestContext:
                     },
                 },
             )
+
+
+UNCAPPED = ("/health", "/metrics")  # probes are answered even over the connection cap
 
 
 def too_large(limit: int) -> ApiError:

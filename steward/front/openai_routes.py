@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Depends, Request
 
 from steward.errors import ApiError
+from steward.front.body import JSONRoute
+from steward.front.docs import error_responses, generation_responses
 from steward.front.images import ImageLimits, load_images
 from steward.front.respond import Answer, Waiter, respond
 from steward.front.schemas import ChatRequest, CompletionRequest, Sampling
+from steward.worker.protocol import Generate, encode
 
 
 def require_key(request: Request) -> None:
@@ -28,7 +31,12 @@ def require_key(request: Request) -> None:
         )
 
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
+router = APIRouter(
+    prefix="/v1",
+    dependencies=[Depends(require_key)],
+    route_class=JSONRoute,
+    responses=error_responses(401),
+)
 
 
 def served_names(request: Request) -> list[str]:
@@ -56,22 +64,25 @@ async def generate(request: Request, kind: str, body: ChatRequest | CompletionRe
     if urls and not supervisor.vision:
         raise ApiError("validation_error", f"The model {model!r} does not take images.")
     images = await load_images(urls, ImageLimits.of(request.app.state.config)) if urls else []
-    seen = [hashlib.sha256(image).hexdigest() for image in images]
-    digest = hashlib.sha256(json.dumps([model, params, seen], sort_keys=True).encode()).hexdigest()
-    params["images"] = images
+    payload = Generate(id=0, seq=0, attempt=0, images=images, **params)
+    try:
+        wire = encode(payload)  # what the worker will get: it must encode, here, not later
+    except (msgspec.EncodeError, OverflowError, UnicodeEncodeError) as exc:
+        raise ApiError("validation_error", f"The request cannot be encoded: {exc}") from None
+    digest = hashlib.sha256(model.encode() + b"\0" + wire).hexdigest()
     request_id = request.state.request_id
-    job = supervisor.submit(params, request_id, digest, body.stream)
+    job = supervisor.submit(payload, body.prompt_chars(), request_id, digest, body.stream)
     waiter = Waiter(job, supervisor, request.app.state.config, request.app.state.metrics)
     answer = Answer(kind, model, request_id, body.include_usage())
     return await respond(request, waiter, answer, body.stream, request_id)
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", responses=generation_responses("chat.completion"))
 async def chat_completions(request: Request, body: ChatRequest):
     return await generate(request, "chat", body)
 
 
-@router.post("/completions")
+@router.post("/completions", responses=generation_responses("text_completion"))
 async def completions(request: Request, body: CompletionRequest):
     return await generate(request, "text", body)
 

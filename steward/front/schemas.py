@@ -1,7 +1,10 @@
 """Request bodies of the OpenAI API, validated before anything reaches the worker.
 
-Bounds live here: message counts, stop strings, sampling ranges. Parameters steward cannot
-honour are refused with a clear 400 instead of being silently ignored.
+Bounds live here: message counts, stop strings, every number's range (nothing a client
+sends may overflow the worker's 64-bit wire format), no empty prompt. Parameters steward
+cannot honour are refused with a clear 400 instead of being silently ignored; those it
+accepts only at their default value are left out of the OpenAPI schema, so the schema
+advertises nothing that is always refused.
 """
 
 from __future__ import annotations
@@ -9,23 +12,37 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 MAX_MESSAGES = 2048
 MAX_STOP = 4
 MAX_STOP_CHARS = 256
+MAX_NAME_CHARS = 256
+MAX_TOKENS = 2**31 - 1  # the context length bounds it further, once the model is known
+MAX_N = 128
+MAX_LOGIT_BIAS = 300
+MAX_TOOLS = 128
+
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
 
-class TextPart(BaseModel):
+class Strict(BaseModel):
+    """No NaN or infinity in any float."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class ImageURL(BaseModel):
+class ImageURL(Strict):
     url: str
     detail: str | None = None
 
 
-class ImagePart(BaseModel):
+class ImagePart(Strict):
     type: Literal["image_url"]
     image_url: ImageURL
 
@@ -33,10 +50,10 @@ class ImagePart(BaseModel):
 Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
-class Message(BaseModel):
+class Message(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[Part] | None = None
-    name: str | None = None
+    name: str | None = Field(None, max_length=MAX_NAME_CHARS)
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -60,14 +77,14 @@ class Message(BaseModel):
         return {"role": self.role, "content": parts}
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class Sampling(BaseModel):
+class Sampling(Strict):
     """What chat and text completions share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = Field(None, max_length=256)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
@@ -76,21 +93,31 @@ class Sampling(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool | int | None = None
+    # Range-checked, then refused unless at their defaults (not in the schema).
+    n: SkipJsonSchema[int] = Field(1, ge=1, le=MAX_N)
+    presence_penalty: SkipJsonSchema[float] = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: SkipJsonSchema[float] = Field(0.0, ge=-2.0, le=2.0)
+    logprobs: SkipJsonSchema[bool | Annotated[int, Field(ge=0, le=20)] | None] = None
+    top_logprobs: SkipJsonSchema[int | None] = Field(None, ge=0, le=20)
+    logit_bias: SkipJsonSchema[dict[str, Annotated[float, Field(ge=-100, le=100)]] | None] = Field(
+        None, max_length=MAX_LOGIT_BIAS
+    )
 
     @model_validator(mode="after")
     def _supported(self) -> Sampling:
         stops = self.stop_list()
         if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
             raise ValueError(f"stop: at most {MAX_STOP} strings of {MAX_STOP_CHARS} characters")
+        for key in self.logit_bias or {}:
+            if not (key.isdigit() and int(key) < 2**31):
+                raise ValueError(f"logit_bias: {key[:32]!r} is not a token id")
         unsupported = {
             "n": self.n != 1,
             "presence_penalty": self.presence_penalty != 0,
             "frequency_penalty": self.frequency_penalty != 0,
             "logprobs": bool(self.logprobs),
+            "top_logprobs": bool(self.top_logprobs),
+            "logit_bias": bool(self.logit_bias),
         }
         if bad := [name for name, on in unsupported.items() if on]:
             raise ValueError(f"not supported by steward: {', '.join(bad)}")
@@ -113,19 +140,26 @@ class Sampling(BaseModel):
         }
 
 
+def blank_free(text: str) -> int:
+    """Characters a tokenizer cannot drop (it may collapse or trim whitespace)."""
+    return len("".join(text.split()))
+
+
+class ResponseFormat(Strict):
+    type: Literal["text"]
+
+
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    max_tokens: Tokens | None = None
+    max_completion_tokens: Tokens | None = None
+    tools: SkipJsonSchema[list[dict[str, Any]] | None] = Field(None, max_length=MAX_TOOLS)
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _chat_supported(self) -> ChatRequest:
         if self.tools:
             raise ValueError("not supported by steward: tools")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise ValueError("not supported by steward: response_format other than text")
         return self
 
     def image_urls(self) -> list[str]:
@@ -136,21 +170,31 @@ class ChatRequest(Sampling):
         limit = self.max_completion_tokens or self.max_tokens
         return {"messages": messages, "max_tokens": limit, **self.sampling()}
 
+    def prompt_chars(self) -> int:
+        return sum(blank_free(m.text()) for m in self.messages)
+
 
 class CompletionRequest(Sampling):
     prompt: str | list[str]
-    max_tokens: int | None = Field(16, ge=1)
-    echo: bool = False
-    suffix: str | None = None
+    max_tokens: Tokens | None = 16
+    echo: SkipJsonSchema[bool] = False
+    suffix: SkipJsonSchema[str | None] = None
 
     @model_validator(mode="after")
     def _completion_supported(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise ValueError("prompt: one prompt per request (batched prompts not supported)")
+            raise ValueError("prompt: one prompt per request (a list of prompts is not supported)")
+        if not self.text():
+            raise ValueError("prompt: must not be empty")
         if self.echo or self.suffix:
             raise ValueError("not supported by steward: echo, suffix")
         return self
 
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
     def params(self) -> dict[str, Any]:
-        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        return {"prompt": prompt, "max_tokens": self.max_tokens, **self.sampling()}
+        return {"prompt": self.text(), "max_tokens": self.max_tokens, **self.sampling()}
+
+    def prompt_chars(self) -> int:
+        return blank_free(self.text())

@@ -8,15 +8,19 @@ habit of re-raising the signal after shutdown is not kept: a drained steward exi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import resource
 import signal
 import socket
+from dataclasses import replace
 from types import FrameType
 
 import uvicorn
 
 from steward.config import ServeConfig
 from steward.front.app import create_app
+from steward.front.connections import BACKLOG, HEADROOM, BoundedProtocol, Limits
 from steward.model.resolve import ModelSource
 from steward.ops.metrics import Metrics
 from steward.ops.notify import Notifier
@@ -51,11 +55,51 @@ def bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    sock.listen(BACKLOG)
     return sock
 
 
+FD_RESERVE = 64  # the front's own files: worker sockets, logs, the model's files
+MIN_CONNECTIONS = 8
+
+
+def fit_connections(wanted: int) -> int | None:
+    """Raise the soft file-descriptor limit as far as the hard one allows, and return the
+    connection cap that fits under it; None (and a message naming the limit) if too few."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    spare = HEADROOM + BACKLOG + FD_RESERVE  # probes, accepted at once, the front's own
+    need = wanted + spare
+    if soft != resource.RLIM_INFINITY and soft < need:
+        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    fits = wanted if soft == resource.RLIM_INFINITY else soft - spare
+    if fits < MIN_CONNECTIONS:
+        log.critical(
+            "the file descriptor limit is too low: %d (hard limit %d); steward needs at "
+            "least %d (%d connections and %d spare). Raise it: `ulimit -n`, LimitNOFILE= "
+            "in systemd.",
+            soft,
+            hard,
+            MIN_CONNECTIONS + spare,
+            MIN_CONNECTIONS,
+            spare,
+        )
+        return None
+    if fits < wanted:
+        log.warning(
+            "max-connections lowered from %d to %d to fit the file descriptor limit %d",
+            wanted,
+            fits,
+            soft,
+        )
+    return min(fits, wanted)
+
+
 async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec]) -> int:
+    connections = fit_connections(config.max_connections)
+    if connections is None:
+        return EX_CONFIG
+    config = replace(config, max_connections=connections)
     try:
         sock = bind(config.host, config.port)
     except OSError as exc:
@@ -72,6 +116,11 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
             access_log=False,  # RequestContext logs each request, with its request id
             lifespan="off",
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=config.keep_alive_timeout,
+            backlog=BACKLOG,
+            http=functools.partial(  # type: ignore[arg-type]
+                BoundedProtocol, limits=Limits(config.max_connections, config.header_timeout)
+            ),
         )
     )
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -82,10 +82,11 @@ def materialize(source: ModelSource) -> Path:
 
 
 def import_gguf(src: Path, out: Path) -> Path:
-    """Convert the llama-family GGUF `src` into a new MLX model directory `out`."""
+    """Convert the llama-family GGUF `src` into the MLX model directory `out`: config.json,
+    model.safetensors, tokenizer.json and tokenizer_config.json. `out` must not exist or be
+    an empty directory; FileExistsError (saying what to do) otherwise."""
     src, out = Path(src), Path(out)
-    if out.exists():
-        raise FileExistsError(f"{out} already exists")
+    check_out_dir(out)
     bad = {n: t for n, t in tensor_types(src).items() if t not in SUPPORTED_TYPES}
     if bad:
         name, kind = next(iter(bad.items()))
@@ -114,14 +115,33 @@ def import_gguf(src: Path, out: Path) -> Path:
             os.fsync(fd)
             os.close(fd)
         try:
-            tmp.rename(out)
+            tmp.rename(out)  # replaces an empty directory, never a filled one
         except OSError as e:
             if out.exists():
-                raise FileExistsError(f"{out} already exists") from e
+                raise FileExistsError(_occupied(out)) from e
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing left after a successful rename
     return out
+
+
+def check_out_dir(out: Path) -> None:
+    """An import may write to a new path or into an empty directory (as `mktemp -d` makes
+    it), never over something that is there: another model, or files that are not ours."""
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        return
+    if out.exists() or out.is_symlink():
+        raise FileExistsError(_occupied(out))
+
+
+def _occupied(out: Path) -> str:
+    if out.is_symlink():
+        what = "a symbolic link"
+    elif out.is_dir():
+        what = "a directory that is not empty"
+    else:
+        what = "not a directory"
+    return f"{out} is {what}; choose another OUT_DIR, or remove {out} first"
 
 
 def tensor_types(path: Path) -> dict[str, str]:

@@ -89,7 +89,7 @@ class Metrics(Observer):
             self.canaries.labels(result)
         state = Gauge("steward_state", "1 for the current state, else 0", ["state"], registry=r)
         for s in State:
-            state.labels(s.value).set_function(lambda s=s: float(supervisor.state == s))
+            state.labels(s.value).set_function(lambda s=s: float(supervisor.status() == s))
         Gauge("steward_worker_generation", "Workers started so far", registry=r).set_function(
             lambda: supervisor.generation
         )

@@ -7,7 +7,6 @@ A class decides the first response (SPEC §3): `oom` and the backend errors get 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 import signal
@@ -53,7 +52,6 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ),
 ]
 
-_ids = itertools.count(1)
 log = logging.getLogger("steward.faults")
 
 
@@ -87,7 +85,7 @@ class Fault:
     request_id: str | None = None
     traceback: str = ""
     action: str = "pending"
-    id: str = field(default_factory=lambda: f"f-{next(_ids)}")
+    id: str = ""  # "f-N", given when the supervisor records it: ids count one by one
     at: float = field(default_factory=time.time)
     detected: float = field(default_factory=time.monotonic)
     recovery_s: float | None = None  # detection to serving again

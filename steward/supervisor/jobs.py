@@ -12,7 +12,8 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+
+import msgspec
 
 from steward.errors import ApiError
 from steward.worker.protocol import Done, Generate, Token
@@ -24,10 +25,11 @@ _ids = itertools.count(1)
 
 @dataclass(eq=False)
 class Job:
-    params: dict[str, Any]  # the Generate fields the client chose
+    request: Generate  # the validated body, as the worker will get it
     seq: int
     request_id: str
-    digest: str  # hash of model + payload, for quarantine
+    digest: str  # hash of model + encoded payload, for quarantine
+    prompt_chars: int = 0  # non-blank characters of the prompt: a cheap context bound
     stream: bool = False
     id: int = field(default_factory=lambda: next(_ids))
     attempts: int = 0
@@ -41,7 +43,9 @@ class Job:
     text: list[str] = field(default_factory=list)  # this attempt's answer so far
 
     def message(self) -> Generate:
-        return Generate(id=self.id, seq=self.seq, attempt=self.attempts, **self.params)
+        return msgspec.structs.replace(
+            self.request, id=self.id, seq=self.seq, attempt=self.attempts
+        )
 
     def add(self, token: Token) -> None:
         """A token of the current attempt; only a streaming client sees it before the end."""

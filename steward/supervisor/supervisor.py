@@ -5,6 +5,11 @@ to its end; when something fails, classify it (faults.py), canary or replace the
 then replay or settle the job (replay.py). The worker generates one request at a time,
 so a serial loop is both the simplest design and an exact one: there is never a question
 of which request a fault belongs to. HTTP handlers only `submit` and `cancel` jobs.
+
+The loop must never die silently (the field report's zombie, made by steward itself): a
+bug met while serving one job fails that job alone (500 `internal_error`) and the loop
+goes on; a bug anywhere else ends the loop, health says `failed` at once, and the process
+exits 70 (EX_SOFTWARE) so that its supervisor restarts it and someone reads the traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Any
 
 from steward.config import ServeConfig
 from steward.errors import ApiError
@@ -36,10 +40,11 @@ from steward.supervisor.link import FaultError, WorkerLink
 from steward.supervisor.state import State
 from steward.worker.injection import FaultSpec
 from steward.worker.main import WorkerSettings
-from steward.worker.protocol import Cancel, LoadFailed, Rejected
+from steward.worker.protocol import Cancel, Generate, LoadFailed, Rejected, prompt_text
 
 log = logging.getLogger("steward.supervisor")
 
+EX_SOFTWARE = 70
 EX_TEMPFAIL = 75
 EX_CONFIG = 78
 SLOW_FACTOR = 0.5  # decode below half the load-time baseline: degraded
@@ -52,6 +57,10 @@ class Exit(Exception):
         super().__init__(reason)
         self.code = code
         self.reason = reason
+
+
+class InjectedBug(RuntimeError):
+    """`--inject-fault supervisor:...`: stands for a bug in steward's own code."""
 
 
 class Supervisor:
@@ -67,6 +76,7 @@ class Supervisor:
         self.faults_total = 0
         self.generation = 0
         self.context_length: int | None = None
+        self.max_token_chars: int | None = None  # longest token's text: bounds a prompt
         self.vision = source.kind == "mlx" and is_vision(source.path)  # takes images
         self.golden: tuple[int, ...] | None = None
         self.baseline_tps = 0.0
@@ -80,10 +90,13 @@ class Supervisor:
         self.bring_up_seconds = 10.0  # until measured: a guess for Retry-After
         self._recovery_since = time.monotonic()
         self._job_seconds = 1.0
+        self._task: asyncio.Task[None] | None = None
 
     # -- the HTTP side ---------------------------------------------------------------
 
-    def submit(self, params: dict[str, Any], request_id: str, digest: str, stream: bool) -> Job:
+    def submit(
+        self, request: Generate, prompt_chars: int, request_id: str, digest: str, stream: bool
+    ) -> Job:
         """Queue a request, or refuse it now with the error that says why."""
         if self.state is State.STOPPING:
             raise ApiError("server_shutdown", "The server is shutting down.", self.retry_after())
@@ -102,9 +115,34 @@ class Supervisor:
                 f"The request queue is full ({self.queue.maxsize} waiting).",
                 self.retry_after(),
             )
-        job = Job(params, next(self._seq), request_id, digest, stream)
+        job = Job(request, next(self._seq), request_id, digest, prompt_chars, stream)
+        if error := self.too_long(job):
+            raise error
         self.queue.put(job)
         return job
+
+    def too_long(self, job: Job) -> ApiError | None:
+        """A prompt that cannot fit the context, decided without tokenising it: every token
+        stands for at most `max_token_chars` characters, so a prompt of more non-blank
+        characters than `context_length * max_token_chars` cannot fit (known once a worker
+        has loaded the model)."""
+        if self.context_length is None or self.max_token_chars is None:
+            return None
+        wanted = job.request.max_tokens or 1
+        if wanted >= self.context_length:
+            return ApiError(
+                "context_length_exceeded",
+                f"This model's maximum context length is {self.context_length} tokens; "
+                f"{wanted} were requested for the completion alone.",
+            )
+        if job.prompt_chars <= (self.context_length - wanted) * self.max_token_chars:
+            return None
+        return ApiError(
+            "context_length_exceeded",
+            f"This model's maximum context length is {self.context_length} tokens; the "
+            f"prompt has {job.prompt_chars} non-blank characters, more than "
+            f"{self.context_length - wanted} tokens can hold.",
+        )
 
     def cancel(self, job: Job) -> None:
         """The client is gone or out of time: drop the job wherever it is."""
@@ -139,10 +177,18 @@ class Supervisor:
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
+        self._task.add_done_callback(self._ended)
 
     def alive(self) -> bool:
-        """The supervision task still runs (what the systemd watchdog vouches for)."""
-        return not self._task.done()
+        """The supervision task still runs (what health and the systemd watchdog vouch for)."""
+        return self._task is None or not self._task.done()
+
+    def status(self) -> State:
+        """The state health reports: `failed` as soon as the supervision task has ended,
+        whatever it last said (it can no longer change it)."""
+        if not self.alive() and self.state is not State.STOPPING:
+            return State.FAILED
+        return self.state
 
     async def _run(self) -> None:
         """Supervise until stopped; on unrecoverable failure, resolve `exit_code`."""
@@ -153,6 +199,8 @@ class Supervisor:
             while True:
                 job = await self._next_job()
                 if job is not None:
+                    self.current = job
+                    self._inject(job, "crash")
                     await self._serve(job)
         except Exit as exc:
             state = State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING
@@ -162,6 +210,28 @@ class Supervisor:
                 job.push(self.queue_error() if exc.code == EX_TEMPFAIL else self._shutdown())
             if not self.exit_code.done():
                 self.exit_code.set_result(exc.code)
+        except Exception:
+            log.critical("the supervision loop ended on a bug in steward", exc_info=True)
+            self._set_state(State.FAILED, "a bug in steward ended the supervision loop")
+            if self.current is not None:
+                self.current.push(_bug("the supervision loop ended"))
+            for job in self.queue.drain():
+                job.push(self._exiting(None))
+            self.exit_code.set_result(EX_SOFTWARE)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """However the task ended, the process must not outlive it as a zombie."""
+        if self.state is not State.STOPPING and not self.exit_code.done():
+            log.critical("the supervision loop ended unexpectedly (%s)", task)
+            self.exit_code.set_result(EX_SOFTWARE)
+
+    def _inject(self, job: Job, action: str) -> None:
+        """`--inject-fault supervisor:ACTION`: a stand-in for a bug in this loop."""
+        for spec in self.fault_specs:
+            if (spec.point, spec.action) == ("supervisor", action) and spec.matches(
+                job.seq, job.attempts + 1, prompt_text(job.request), 0
+            ):
+                raise InjectedBug(f"injected supervisor:{action} on request {job.seq}")
 
     async def stop(self, drain_timeout: float, cut: asyncio.Event) -> None:
         """Drain: refuse new work, let queued and running jobs finish (until the timeout, or
@@ -229,21 +299,38 @@ class Supervisor:
             event.cancel()
 
     async def _serve(self, job: Job) -> None:
+        """Run one job to its end. A backend fault goes to recovery; anything else raised
+        here is a bug in steward that fails this job alone, and the loop goes on."""
+        try:
+            await self._follow(job)
+        except FaultError as err:
+            await self._recover(err.fault, job)
+        except Exception as exc:
+            log.error(
+                "bug in steward while serving request %s; it alone fails",
+                job.request_id,
+                exc_info=True,
+                extra={"request_id": job.request_id},
+            )
+            if self.link is not None and job.running:
+                self.link.send(Cancel(job.id))
+            job.push(_bug(f"{type(exc).__name__}: {exc}"))
+        finally:
+            self.current = None
+
+    async def _follow(self, job: Job) -> None:
         if job.cancelled or job.finished:
             return
         assert self.link is not None
+        if error := self.too_long(job):  # queued before the model's bounds were known
+            job.push(error)
+            return
+        self._inject(job, "raise")
         job.attempts += 1
         job.text.clear()
-        self.current = job
         started = time.monotonic()
         self.link.send(job.message())
-        try:
-            result = await self.link.follow(job.id, job.add, self.config.stall_timeout, "request")
-        except FaultError as err:
-            await self._recover(err.fault, job)
-            return
-        finally:
-            self.current = None
+        result = await self.link.follow(job.id, job.add, self.config.stall_timeout, "request")
         if isinstance(result, Rejected):
             job.push(ApiError(result.type, result.message))
             return
@@ -336,6 +423,7 @@ class Supervisor:
                     raise Exit(EX_CONFIG, f"model unusable: {msg.message}")
                 raise FaultError(link.fault(classify(msg.message), msg.message, msg.traceback))
             self.context_length = msg.context_length
+            self.max_token_chars = msg.max_token_chars
             failure = await self._canary()
             if failure is not None:
                 raise FaultError(failure)
@@ -376,8 +464,9 @@ class Supervisor:
 
     def _record(self, fault: Fault) -> None:
         if fault not in self.faults:
-            self.faults.append(fault)
             self.faults_total += 1
+            fault.id = f"f-{self.faults_total}"
+            self.faults.append(fault)
 
     def _serving(self) -> None:
         """Serving: `degraded` while a fault is within the restart window or decode is slow."""
@@ -403,3 +492,7 @@ class Supervisor:
         """The fault's action is decided: log it once, tell the observers."""
         log_fault(fault)
         self.events.fault_settled(fault)
+
+
+def _bug(what: str) -> ApiError:
+    return ApiError("internal_error", f"A bug in steward failed this request ({what}).")

@@ -15,11 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from jinja2 import TemplateError
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
 from steward.worker.injection import Injector
-from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected, Token
+from steward.worker.protocol import (
+    Done,
+    FromWorker,
+    Generate,
+    Progress,
+    Rejected,
+    Token,
+    prompt_text,
+)
 from steward.worker.stops import StopMatcher
 
 
@@ -32,12 +41,31 @@ def context_length(model_dir: Path) -> int:
     return 4096
 
 
+# What templating and tokenising raise for a request they cannot handle (a template's
+# `raise_exception`, a role it does not know): that request's 400, never a backend fault.
+PREPARE_ERRORS = (ValueError, TypeError, KeyError, IndexError, TemplateError)
+
+
+def unpreparable(req: Generate, exc: Exception) -> Rejected:
+    return Rejected(
+        req.id, "validation_error", f"The prompt could not be prepared: {type(exc).__name__}: {exc}"
+    )
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The longest token's text, in characters: a token's string in the vocabulary is at
+    least as long as the text it decodes to (byte-level BPE: a character per byte;
+    SentencePiece: `▁` per space, `<0x..>` per byte)."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)
+
+
 class Backend:
     def __init__(self, model_dir: Path, injector: Injector) -> None:
         self.injector = injector
         injector.hit("load")
         self.model, self.tokenizer = load(str(model_dir))
         self.context_length = context_length(model_dir)
+        self.max_token_chars = max_token_chars(self.tokenizer)
 
     def encode(self, req: Generate) -> list[int]:
         if req.messages is not None:
@@ -52,7 +80,10 @@ class Backend:
         emit: Callable[[FromWorker], None],
         cancelled: Callable[[], bool],
     ) -> Done | Rejected:
-        tokens = self.encode(req)
+        try:
+            tokens = self.encode(req)
+        except PREPARE_ERRORS as exc:
+            return unpreparable(req, exc)
         if rejected := over_context(req, self.context_length, len(tokens)):
             return rejected
         room = self.context_length - len(tokens)
@@ -93,11 +124,6 @@ def over_context(req: Generate, context_length: int, prompt_tokens: int) -> Reje
         f"{prompt_tokens} tokens and {wanted} were requested for the "
         "completion.",
     )
-
-
-def prompt_text(req: Generate) -> str:
-    """What fault-injection markers are looked for in."""
-    return (req.prompt or "") if req.messages is None else json.dumps(req.messages)
 
 
 def relay(

@@ -12,8 +12,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-POINTS = ("load", "prefill", "decode")
+POINTS = ("load", "prefill", "decode", "supervisor")
 ACTIONS = ("raise", "poison", "hang", "crash", "oom", "slow")
+# `supervisor` stands for a bug in steward's own loop, not a backend fault: `raise` fails
+# the request being dispatched, `crash` ends the supervision loop (exit 70).
+SUPERVISOR_ACTIONS = ("raise", "crash")
 
 GPU_TIMEOUT = (
     "[METAL] Command buffer execution failed: Caused GPU Timeout Error "
@@ -37,6 +40,19 @@ class FaultSpec:
     def every(self) -> bool:
         return self.nth is None and self.marker is None
 
+    def matches(self, seq: int, attempt: int, prompt: str, generation: int) -> bool:
+        """`nth` counts requests the server received (the front numbers them, across
+        workers) and fires on a request's first attempt only, so a replay is not faulted
+        again; `marker` fires on every attempt (a poison request); for `load`, `nth`
+        counts workers."""
+        if self.every:
+            return True
+        if self.marker is not None:
+            return self.marker in prompt
+        if self.point == "load":
+            return self.nth == generation
+        return self.nth == seq and attempt == 1
+
 
 def parse(text: str) -> FaultSpec:
     """`decode:poison:nth=3` -> FaultSpec; ValueError says what is wrong."""
@@ -50,6 +66,8 @@ def parse(text: str) -> FaultSpec:
     name, _, arg = action.partition("=")
     if name not in ACTIONS or (name == "slow") != bool(arg):
         raise ValueError(f"fault spec {text!r}: action must be one of {', '.join(ACTIONS)}=S")
+    if point == "supervisor" and name not in SUPERVISOR_ACTIONS:
+        raise ValueError(f"fault spec {text!r}: supervisor takes {' or '.join(SUPERVISOR_ACTIONS)}")
     seconds = float(arg) if arg else 0.0
     if trigger == "every":
         return FaultSpec(point, name, seconds, nth=None)
@@ -67,12 +85,7 @@ def parse_all(texts: list[str]) -> list[FaultSpec]:
 
 
 class Injector:
-    """The worker's side: `hit()` at each injection point; acts when a spec matches.
-
-    `nth` counts requests the server received (the front numbers them, across workers)
-    and fires on a request's first attempt only, so a replay is not faulted again;
-    `marker` fires on every attempt (a poison request); for `load`, `nth` counts workers.
-    """
+    """The worker's side: `hit()` at each injection point; acts when a spec matches."""
 
     def __init__(self, specs: list[FaultSpec], generation: int) -> None:
         self.specs = specs
@@ -83,17 +96,8 @@ class Injector:
         if self.poisoned:
             raise RuntimeError(GPU_TIMEOUT)
         for spec in self.specs:
-            if spec.point == point and self._matches(spec, seq, attempt, prompt):
+            if spec.point == point and spec.matches(seq, attempt, prompt, self.generation):
                 self._act(spec)
-
-    def _matches(self, spec: FaultSpec, seq: int, attempt: int, prompt: str) -> bool:
-        if spec.every:
-            return True
-        if spec.marker is not None:
-            return spec.marker in prompt
-        if spec.point == "load":
-            return spec.nth == self.generation
-        return spec.nth == seq and attempt == 1
 
     def _act(self, spec: FaultSpec) -> None:
         if spec.action == "slow":

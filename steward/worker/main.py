@@ -7,6 +7,7 @@ once (EOF); a heartbeat thread shows the front that the process and its GIL are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -15,7 +16,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -74,7 +75,14 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
     except Exception as exc:
         send(LoadFailed(False, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
-    send(Ready(os.getpid(), backend.context_length, time.perf_counter() - started))
+    send(
+        Ready(
+            os.getpid(),
+            backend.context_length,
+            backend.max_token_chars,
+            time.perf_counter() - started,
+        )
+    )
 
     inbox: queue.SimpleQueue[Generate | None] = queue.SimpleQueue()
     cancelled: set[int] = set()
@@ -95,14 +103,34 @@ def load_backend(source: ModelSource, injector: Injector) -> Backend | VisionBac
     Imported here, after the rlimit is set: importing mlx allocates."""
     from steward.model.gguf import materialize
 
-    model_dir = materialize(source)
-    if is_vision(model_dir):
-        from steward.worker.vision import VisionBackend
+    with _file_limit_kept():
+        model_dir = materialize(source)
+        if is_vision(model_dir):
+            from steward.worker.vision import VisionBackend
 
-        return VisionBackend(model_dir, injector)
-    from steward.worker.backend import Backend
+            return VisionBackend(model_dir, injector)
+        from steward.worker.backend import Backend
 
-    return Backend(model_dir, injector)
+        return Backend(model_dir, injector)
+
+
+@contextlib.contextmanager
+def _file_limit_kept() -> Iterator[None]:
+    """mlx-lm sets RLIMIT_NOFILE to (2048, 4096) when imported, which raises ValueError
+    where the hard limit is lower (a container, a strict systemd unit) and would pass
+    for an unusable model. The front sized its own use to the limit it found; the worker
+    keeps the limit it was given."""
+    setrlimit = resource.setrlimit
+
+    def tolerant(which: int, limits: tuple[int, int]) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            setrlimit(which, limits)
+
+    resource.setrlimit = tolerant
+    try:
+        yield
+    finally:
+        resource.setrlimit = setrlimit
 
 
 def _read(

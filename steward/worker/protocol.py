@@ -8,6 +8,7 @@ per message: no `isinstance` ladders over loosely shaped dicts.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -51,8 +52,12 @@ class Shutdown(_Msg):
 
 
 class Ready(_Msg):
+    """`max_token_chars`: the most characters one token stands for, so the front can
+    refuse a prompt that cannot fit the context without tokenising it."""
+
     pid: int
     context_length: int
+    max_token_chars: int
     load_seconds: float
 
 
@@ -103,6 +108,11 @@ class Failed(_Msg):
     id: int
     message: str
     traceback: str
+
+
+def prompt_text(req: Generate) -> str:
+    """What fault-injection markers are looked for in."""
+    return (req.prompt or "") if req.messages is None else json.dumps(req.messages)
 
 
 ToWorker = Generate | Cancel | Shutdown

@@ -24,9 +24,16 @@ from mlx_vlm import apply_chat_template, load, stream_generate
 from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 from PIL import Image, UnidentifiedImageError
 
-from steward.worker.backend import context_length, over_context, prompt_text, relay
+from steward.worker.backend import (
+    PREPARE_ERRORS,
+    context_length,
+    max_token_chars,
+    over_context,
+    relay,
+    unpreparable,
+)
 from steward.worker.injection import Injector
-from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected
+from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected, prompt_text
 
 ImageInput = bytes | Image.Image
 
@@ -77,6 +84,7 @@ class VisionBackend:
         injector.hit("load")
         self.model, self.processor = load(str(model_dir))
         self.context_length = context_length(model_dir)
+        self.max_token_chars = max_token_chars(getattr(self.processor, "tokenizer", self.processor))
 
     def prompt(self, req: Generate, n_images: int) -> str:
         """The chat template applied by mlx-vlm (it knows each family's message format)."""
@@ -134,6 +142,8 @@ class VisionBackend:
             inputs = self.prepare(req, images)
         except BadImage as exc:
             return Rejected(req.id, "validation_error", str(exc))
+        except PREPARE_ERRORS as exc:
+            return unpreparable(req, exc)
         if rejected := over_context(req, self.context_length, inputs.prompt_tokens):
             return rejected
         room = self.context_length - inputs.prompt_tokens

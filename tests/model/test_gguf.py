@@ -220,6 +220,42 @@ def test_unsupported_gguf_is_a_model_error(tmp_path: Path, qtype, arch: str) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.gguf"]
 
 
+def test_import_fills_an_empty_directory(tmp_path: Path, smol_meta: dict) -> None:
+    """An OUT_DIR made beforehand (`mktemp -d`) is fine while it is empty."""
+    write_tiny_gguf(tmp_path / "tiny.gguf", T.Q8_0, smol_meta)
+    (tmp_path / "out").mkdir()
+    assert import_gguf(tmp_path / "tiny.gguf", tmp_path / "out") == tmp_path / "out"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tiny.gguf"]  # no temp dir
+
+
+@pytest.mark.parametrize("occupant", ["file in dir", "plain file", "symlink"])
+def test_import_leaves_what_is_there_alone(tmp_path: Path, smol_meta: dict, occupant: str) -> None:
+    """A directory with files in it, a file or a link is refused, untouched, with a message
+    that says how to go on."""
+    write_tiny_gguf(tmp_path / "tiny.gguf", T.F32, smol_meta)
+    out = tmp_path / "out"
+    if occupant == "file in dir":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    elif occupant == "plain file":
+        out.write_text("mine")
+    else:
+        (tmp_path / "empty").mkdir()
+        out.symlink_to(tmp_path / "empty")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(FileExistsError, match=r"choose another OUT_DIR, or remove .*out first"):
+        import_gguf(tmp_path / "tiny.gguf", out)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    if occupant != "symlink":
+        assert (out / "notes.txt" if out.is_dir() else out).read_text() == "mine"
+
+
 def test_racing_materializers_share_one_complete_dir(tmp_path: Path, smol_meta: dict) -> None:
     """Two processes racing on one GGUF both get the same complete dir, and no temp dir stays."""
     write_tiny_gguf(tmp_path / "race.gguf", T.Q8_0, smol_meta)

@@ -15,12 +15,14 @@ from steward.worker.protocol import Done
 
 @pytest.fixture
 def supervisor() -> SimpleNamespace:
-    return SimpleNamespace(
+    fake = SimpleNamespace(
         state=State.STARTING,
         queue=[],
         generation=1,
         intensity=SimpleNamespace(in_window=lambda: 0),
     )
+    fake.status = lambda: fake.state
+    return fake
 
 
 def scrape(metrics: Metrics) -> dict[tuple[str, frozenset], float]:

@@ -167,6 +167,19 @@ def test_poison_request_is_quarantined_without_restarts(serve, tiny_model) -> No
     assert health["quarantined"] == 1
 
 
+def test_fault_ids_count_one_by_one(serve, tiny_model) -> None:
+    """A failed canary is part of its fault, not a fault id of its own."""
+    faults = "decode:poison:nth=1;decode:raise:nth=3"
+    server = serve("--model", str(tiny_model), "--inject-fault", faults)
+    server.wait()
+    for _ in range(3):
+        assert server.http.post("/v1/chat/completions", json=BODY).status_code == 200
+    health = server.health().json()
+    assert health["worker"]["generation"] == 2  # the poison's canary failed: replaced
+    assert health["faults"]["total"] == 2
+    assert health["faults"]["last"]["id"] == "f-2"
+
+
 def test_stream_faulted_after_first_token_ends_with_error_event(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "decode:raise:nth=1")
     server.wait()
