@@ -115,6 +115,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "max-image-bytes", byte_size, "largest encoded image accepted")
     _flag(p, "max-images", int, "most images in one request")
     _flag(p, "allow-image-urls", bool, "allow remote image URLs")
+    _flag(p, "max-batch", int, "requests decoded together (continuous batching)")
+    _flag(
+        p,
+        "prompt-cache-bytes",
+        byte_size,
+        "KV cache kept for prompt prefixes across requests, LRU (0: none)",
+    )
     _flag(p, "inject-fault", str, "fault injection POINT:ACTION[:TRIGGER] (tests, drills)")
 
 
@@ -155,6 +162,8 @@ def serve(args: argparse.Namespace) -> int:
     logs.setup(config.log_json, config.log_level)
     try:
         config = with_key_file(config)
+        if config.max_batch < 1:
+            raise ValueError(f"--max-batch {config.max_batch}: must be at least 1")
         source = resolve_model(config.model)
         faults = parse_all(config.inject_fault)
     except (ModelError, ValueError, OSError) as exc:

@@ -35,4 +35,6 @@ class ServeConfig:
     max_image_bytes: int = 16 * 1024 * 1024
     max_images: int = 8
     allow_image_urls: bool = False
+    max_batch: int = 32
+    prompt_cache_bytes: int = 1024 * 1024 * 1024
     inject_fault: list[str] = field(default_factory=list)

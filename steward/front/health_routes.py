@@ -40,6 +40,12 @@ def health_body(supervisor: Supervisor) -> dict[str, Any]:
         },
         "restarts_in_window": supervisor.intensity.in_window(),
         "queue_depth": len(supervisor.queue),
+        "in_flight": len(supervisor.batch) + len(supervisor.batch.probation),
+        "batch": {
+            "size": len(supervisor.batch),
+            "limit": supervisor.batch.limit,
+            "probation": len(supervisor.batch.probation),
+        },
         "quarantined": len(supervisor.quarantine),
         "context_length": supervisor.context_length,
         "decode_tps": {"baseline": supervisor.baseline_tps, "recent": supervisor.recent_tps},

@@ -87,11 +87,12 @@ class Answer:
         }
 
     @staticmethod
-    def usage(done: Done) -> dict[str, int]:
+    def usage(done: Done) -> dict[str, Any]:
         return {
             "prompt_tokens": done.prompt_tokens,
             "completion_tokens": done.completion_tokens,
             "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
         }
 
     @staticmethod
@@ -99,7 +100,8 @@ class Answer:
         """The worker's own clock, as llama.cpp's server reports it: what HTTP and IPC add
         is the difference between these and what a client measures."""
         return {
-            "prompt_n": done.prompt_tokens,
+            "cache_n": done.cached_tokens,
+            "prompt_n": done.prompt_tokens - done.cached_tokens,
             "prompt_ms": round(done.ttft * 1e3, 3),
             "predicted_n": done.completion_tokens,
             "predicted_per_second": round(done.decode_tps, 2),

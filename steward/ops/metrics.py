@@ -96,6 +96,28 @@ class Metrics(Observer):
         Gauge("steward_queue_depth", "Requests waiting", registry=r).set_function(
             lambda: len(supervisor.queue)
         )
+        Gauge("steward_batch_size", "Requests decoding together now", registry=r).set_function(
+            lambda: len(supervisor.batch)
+        )
+        Gauge(
+            "steward_batch_limit", "Requests that may decode together now", registry=r
+        ).set_function(lambda: supervisor.batch.limit)
+        self.generated = Counter(
+            "steward_generated_tokens_total", "Completion tokens generated", registry=r
+        )
+        self.prompt_tokens = Counter(
+            "steward_prompt_tokens_total", "Prompt tokens of finished requests", registry=r
+        )
+        self.cache_hits = Counter(
+            "steward_prompt_cache_hits_total",
+            "Requests whose prompt prefix came from the prompt cache",
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "steward_prompt_cache_tokens_total",
+            "Prompt tokens taken from the prompt cache instead of prefilled",
+            registry=r,
+        )
         Gauge(
             "steward_restarts_in_window", "Worker restarts within --restart-window", registry=r
         ).set_function(lambda: supervisor.intensity.in_window())
@@ -129,6 +151,11 @@ class Metrics(Observer):
         self.ttft.observe(done.ttft)
         if done.decode_tps > 0:
             self.decode.observe(done.decode_tps)
+        self.generated.inc(done.completion_tokens)
+        self.prompt_tokens.inc(done.prompt_tokens)
+        if done.cached_tokens:
+            self.cache_hits.inc()
+            self.cached_tokens.inc(done.cached_tokens)
 
     def request_quarantined(self) -> None:
         self.quarantined.inc()

@@ -36,6 +36,7 @@ class Job:
     faults: int = 0
     sent: bool = False  # something of the answer reached the client: no replay
     running: bool = False
+    alone: bool = False  # on probation: runs with nothing else in flight
     finished: bool = False
     cancelled: bool = False
     queued_at: float = field(default_factory=time.monotonic)
@@ -66,7 +67,6 @@ class JobQueue:
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self._items: deque[Job] = deque()
-        self._nonempty = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -78,7 +78,6 @@ class JobQueue:
         job.running = False
         job.queued_at = time.monotonic()
         (self._items.appendleft if front else self._items.append)(job)
-        self._nonempty.set()
 
     def remove(self, job: Job) -> None:
         if job in self._items:
@@ -88,10 +87,5 @@ class JobQueue:
         items, self._items = list(self._items), deque()
         return items
 
-    async def get(self) -> Job:
-        while not self._items:
-            self._nonempty.clear()
-            await self._nonempty.wait()
-        job = self._items.popleft()
-        job.running = True
-        return job
+    def pop(self) -> Job | None:
+        return self._items.popleft() if self._items else None

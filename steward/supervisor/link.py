@@ -1,13 +1,19 @@
-"""The supervisor's line to one worker: its messages, its heartbeat, its silence, its death.
+"""The supervisor's line to one worker: the token path, and the worker's faults and death.
 
-Everything that can go wrong on that line becomes a `FaultError` with a classified `Fault`:
-a `Failed` message (classified from its text), EOF (`worker_crash`, with how it died), no
-message within a timeout (`stall`). The supervisor above decides what to do about it.
+The token path runs here, not in the supervision loop: each `Step` the worker sends (one
+per decode step, every batch member's new token) is routed by request id to the sink that
+started the request, in the order it arrived; a finished request's sink is dropped. The
+loop above only decides: what to start next, and what to do about a fault.
+
+Everything that can go wrong on the line resolves `failure` with a classified `Fault`: a
+`Failed` message (classified from its text), EOF (`worker_crash`, with how it died). Silence
+(`stall`) is the loop's to judge, from `progress` and `heartbeat`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -17,14 +23,20 @@ from steward.worker.process import WorkerProcess
 from steward.worker.protocol import (
     Done,
     Failed,
-    FromWorker,
+    Generate,
     Heartbeat,
     LoadFailed,
     Ready,
     Rejected,
+    Step,
     Token,
     ToWorker,
 )
+
+log = logging.getLogger("steward.link")
+
+OnToken = Callable[[Token], None]
+OnFinish = Callable[[Done | Rejected], None]
 
 
 class FaultError(Exception):
@@ -37,8 +49,11 @@ class WorkerLink:
     def __init__(self, worker: WorkerProcess, generation: int) -> None:
         self.worker = worker
         self.generation = generation
-        self.heartbeat = time.monotonic()
-        self._inbox: asyncio.Queue[FromWorker | None] = asyncio.Queue()
+        self.heartbeat = self.progress = time.monotonic()
+        self.sinks: dict[int, tuple[OnToken, OnFinish]] = {}
+        self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
+        self._crashed: Fault | None = None
+        self._control: asyncio.Queue[Ready | LoadFailed | None] = asyncio.Queue()
         self._pump = asyncio.ensure_future(self._read())
 
     @classmethod
@@ -52,42 +67,31 @@ class WorkerLink:
     def send(self, msg: ToWorker) -> None:
         self.worker.send(msg)
 
+    def start(self, req: Generate, on_token: OnToken, on_finish: OnFinish) -> None:
+        """Send a request; its tokens and its end go to these callbacks."""
+        self.sinks[req.id] = (on_token, on_finish)
+        self.worker.send(req)
+
+    def rearm(self) -> None:
+        """After a fault the worker survived (the canary passed): watch for the next one."""
+        self.failure = asyncio.get_running_loop().create_future()
+        if self._crashed is not None:
+            self.failure.set_result(self._crashed)
+
     def fault(self, cls: str, message: str, traceback: str = "") -> Fault:
         return Fault(cls, message, self.generation, traceback=traceback)
 
-    async def next(self) -> FromWorker:
-        """The next message, waiting as long as it takes; FaultError if the worker died."""
-        msg = await self._inbox.get()
-        if msg is None:
-            raise FaultError(await self._crash())
-        return msg
-
-    async def receive(self, timeout: float, what: str) -> FromWorker:
-        """The next message; none within `timeout` s is a stall of `what`."""
-        try:
-            async with asyncio.timeout(timeout):  # no extra task per message, unlike wait_for
-                return await self.next()
-        except TimeoutError:
-            fault = self.fault(STALL, f"no progress on the {what} for {timeout:.0f} s")
-            raise FaultError(fault) from None
-
     async def loaded(self, timeout: float) -> Ready | LoadFailed:
-        while not isinstance(msg := await self.receive(timeout, "model load"), Ready | LoadFailed):
-            pass
+        """The worker's answer to loading the model; FaultError if it died or stalled."""
+        try:
+            async with asyncio.timeout(timeout):
+                msg = await self._control.get()
+        except TimeoutError:
+            stall = self.fault(STALL, f"no progress on the model load for {timeout:.0f} s")
+            raise FaultError(stall) from None
+        if msg is None:
+            raise FaultError(await self.failure)
         return msg
-
-    async def follow(
-        self, req_id: int, on_token: Callable[[Token], None], timeout: float, what: str
-    ) -> Done | Rejected:
-        """Pump one generation's messages until it ends; a backend failure raises FaultError."""
-        while True:
-            msg = await self.receive(timeout, what)
-            if isinstance(msg, Token) and msg.id == req_id:
-                on_token(msg)
-            elif isinstance(msg, Done | Rejected) and msg.id == req_id:
-                return msg
-            elif isinstance(msg, Failed) and msg.id == req_id:
-                raise FaultError(self.fault(classify(msg.message), msg.message, msg.traceback))
 
     def silent_for(self) -> float:
         return time.monotonic() - self.heartbeat
@@ -99,17 +103,47 @@ class WorkerLink:
         await self.worker.stop(timeout)
 
     async def _read(self) -> None:
-        """Heartbeats update the clock; everything else goes to the inbox; None marks EOF."""
+        """Route every message; a bug here ends the supervision loop (exit 70), it is never
+        swallowed."""
         try:
             while True:
                 msg = await self.worker.recv()
+                now = time.monotonic()
+                self.heartbeat = now
                 if isinstance(msg, Heartbeat):
-                    self.heartbeat = time.monotonic()
+                    continue
+                self.progress = now
+                if isinstance(msg, Step):
+                    self._route(msg)
+                elif isinstance(msg, Rejected):
+                    self._finish(msg)
+                elif isinstance(msg, Failed):
+                    self._fail(self.fault(classify(msg.message), msg.message, msg.traceback))
                 else:
-                    self._inbox.put_nowait(msg)
+                    self._control.put_nowait(msg)
         except EOFError:
-            self._inbox.put_nowait(None)
+            await self.worker.wait(2.0)
+            self._crashed = self.fault(
+                WORKER_CRASH, f"worker {describe_exit(self.worker.exitcode)}"
+            )
+            self._fail(self._crashed)
+            self._control.put_nowait(None)
+        except Exception as exc:
+            log.critical("bug on the worker line", exc_info=True)
+            if not self.failure.done():
+                self.failure.set_exception(exc)
 
-    async def _crash(self) -> Fault:
-        await self.worker.wait(2.0)
-        return self.fault(WORKER_CRASH, f"worker {describe_exit(self.worker.exitcode)}")
+    def _route(self, step: Step) -> None:
+        for token in step.tokens:
+            if sink := self.sinks.get(token.id):
+                sink[0](token)
+        for done in step.done:
+            self._finish(done)
+
+    def _finish(self, msg: Done | Rejected) -> None:
+        if sink := self.sinks.pop(msg.id, None):
+            sink[1](msg)
+
+    def _fail(self, fault: Fault) -> None:
+        if not self.failure.done():
+            self.failure.set_result(fault)

@@ -1,10 +1,10 @@
 """The supervisor: owns the worker, the state machine, and every decision after a fault.
 
-One task (`start` runs it) does the work in order: bring a worker up, take the next job, follow it
-to its end; when something fails, classify it (faults.py), canary or replace the worker,
-then replay or settle the job (replay.py). The worker generates one request at a time,
-so a serial loop is both the simplest design and an exact one: there is never a question
-of which request a fault belongs to. HTTP handlers only `submit` and `cancel` jobs.
+One task (`start` runs it) decides, and only decides: bring a worker up, start queued jobs
+while the batch has room (batch.py), and when the worker's line reports a fault or falls
+silent, classify it (faults.py), canary or replace the worker, then settle or replay every
+job that was in flight (replay.py). Tokens never pass through this loop: the worker's line
+routes them to their jobs (link.py). HTTP handlers only `submit` and `cancel` jobs.
 
 The loop must never die silently (the field report's zombie, made by steward itself): a
 bug met while serving one job fails that job alone (500 `internal_error`) and the loop
@@ -15,6 +15,7 @@ exits 70 (EX_SOFTWARE) so that its supervisor restarts it and someone reads the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -25,10 +26,12 @@ from steward.config import ServeConfig
 from steward.errors import ApiError
 from steward.model.resolve import ModelSource, is_vision
 from steward.supervisor import canary, replay
+from steward.supervisor.batch import Batch
 from steward.supervisor.events import Observers
 from steward.supervisor.faults import (
     CANARY_DECIDES,
     CANARY_MISMATCH,
+    OOM,
     STALL,
     Fault,
     classify,
@@ -40,7 +43,7 @@ from steward.supervisor.link import FaultError, WorkerLink
 from steward.supervisor.state import State
 from steward.worker.injection import FaultSpec
 from steward.worker.main import WorkerSettings
-from steward.worker.protocol import Cancel, Generate, LoadFailed, Rejected, prompt_text
+from steward.worker.protocol import Cancel, Done, Generate, LoadFailed, Rejected, prompt_text
 
 log = logging.getLogger("steward.supervisor")
 
@@ -70,6 +73,7 @@ class Supervisor:
         self.fault_specs = faults
         self.state = State.STARTING
         self.queue = JobQueue(config.queue_size)
+        self.batch = Batch(config.max_batch, config.restart_window)
         self.intensity = RestartIntensity(config.max_restarts, config.restart_window)
         self.quarantine = replay.Quarantine(config.restart_window)
         self.faults: deque[Fault] = deque(maxlen=64)
@@ -83,13 +87,16 @@ class Supervisor:
         self.recent_tps = 0.0
         self.exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.started_at = time.time()
-        self.current: Job | None = None
+        self.current: Job | None = None  # being started: a loop-ending bug fails it
         self.link: WorkerLink | None = None
         self.events = Observers()
         self._seq = itertools.count(1)
         self.bring_up_seconds = 10.0  # until measured: a guess for Retry-After
         self._recovery_since = time.monotonic()
-        self._job_seconds = 1.0
+        self._job_seconds = 1.0  # between completions: Retry-After while serving
+        self._finished_at = time.monotonic()
+        self._busy_since = time.monotonic()
+        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     # -- the HTTP side ---------------------------------------------------------------
@@ -119,6 +126,7 @@ class Supervisor:
         if error := self.too_long(job):
             raise error
         self.queue.put(job)
+        self._wake.set()
         return job
 
     def too_long(self, job: Job) -> ApiError | None:
@@ -145,10 +153,12 @@ class Supervisor:
         )
 
     def cancel(self, job: Job) -> None:
-        """The client is gone or out of time: drop the job wherever it is."""
+        """The client is gone or out of time: drop the job wherever it is (a running one
+        leaves the batch when the worker says it has)."""
         job.cancelled = True
         self.queue.remove(job)
-        if job.running and self.link is not None:
+        self.batch.discard(job)
+        if job.id in self.batch.running and self.link is not None:
             self.link.send(Cancel(job.id))
 
     def queue_error(self) -> ApiError:
@@ -171,7 +181,7 @@ class Supervisor:
         if self.state in (State.STARTING, State.RECOVERING):
             left = self.bring_up_seconds - (time.monotonic() - self._recovery_since)
             return max(1, round(left))
-        return max(1, round(len(self.queue) * self._job_seconds))
+        return max(1, round(len(self.queue) * self._job_seconds))  # completions, batch-wide
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -197,16 +207,13 @@ class Supervisor:
                 await self._replace()
             self._serving()
             while True:
-                job = await self._next_job()
-                if job is not None:
-                    self.current = job
-                    self._inject(job, "crash")
-                    await self._serve(job)
+                self._dispatch()
+                await self._watch()
         except Exit as exc:
             state = State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING
             self._set_state(state, f"exit {exc.code}: {exc.reason}")
             log.critical("exiting %d: %s", exc.code, exc.reason)
-            for job in self.queue.drain():
+            for job in self._abandon():
                 job.push(self.queue_error() if exc.code == EX_TEMPFAIL else self._shutdown())
             if not self.exit_code.done():
                 self.exit_code.set_result(exc.code)
@@ -215,9 +222,15 @@ class Supervisor:
             self._set_state(State.FAILED, "a bug in steward ended the supervision loop")
             if self.current is not None:
                 self.current.push(_bug("the supervision loop ended"))
-            for job in self.queue.drain():
+            for job in self._abandon():
                 job.push(self._exiting(None))
             self.exit_code.set_result(EX_SOFTWARE)
+
+    def _abandon(self) -> list[Job]:
+        """Every job not finished, out of the queue, probation and the batch."""
+        running = list(self.batch.running.values())
+        self.batch.running.clear()
+        return [*running, *self.batch.waiting(), *self.queue.drain()]
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         """However the task ended, the process must not outlive it as a zombie."""
@@ -238,12 +251,12 @@ class Supervisor:
         until `cut` is set by a second signal), then stop the worker."""
         self._set_state(State.STOPPING, "draining")
         deadline = time.monotonic() + drain_timeout
-        while (self.current or len(self.queue)) and time.monotonic() < deadline:
+        while self._unfinished() and time.monotonic() < deadline:
             if cut.is_set():
-                log.warning("drain cut short: %d request(s) abandoned", len(self.queue) + 1)
+                log.warning("drain cut short: %d request(s) abandoned", self._unfinished())
                 break
             await asyncio.sleep(0.05)
-        for job in [*self.queue.drain(), *([self.current] if self.current else [])]:
+        for job in self._abandon():
             job.push(self._shutdown())
         self._task.cancel()  # a worker exiting on request is no fault
         if self.link is not None:
@@ -265,102 +278,116 @@ class Supervisor:
     def _shutdown(self) -> ApiError:
         return ApiError("server_shutdown", "The server shut down before answering.", 1)
 
-    async def _next_job(self) -> Job | None:
-        """Wait for work while watching the idle worker (death, wedged process)."""
-        assert self.link is not None
-        getter = asyncio.ensure_future(self.queue.get())
-        event = asyncio.ensure_future(self.link.next())
-        try:
-            while True:
-                done, _ = await asyncio.wait(
-                    {getter, event}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
-                )
-                if event in done:
-                    if isinstance(event.exception(), FaultError):
-                        await self._recover(event.exception().fault, None)
-                    event = asyncio.ensure_future(self.link.next())
-                if getter in done:
-                    return getter.result()
-                if self.state.serving:
-                    self._serving()  # a fault leaving the restart window ends `degraded`
-                if self.link.silent_for() > self.config.stall_timeout:
-                    fault = self.link.fault(
-                        STALL, f"no heartbeat for {self.config.stall_timeout:.0f} s while idle"
-                    )
-                    event.cancel()
-                    await self._recover(fault, None)
-                    event = asyncio.ensure_future(self.link.next())
-        except BaseException:
-            if getter.done() and not getter.cancelled():
-                self.queue.put(getter.result(), front=True)
-            raise
-        finally:
-            getter.cancel()
-            event.cancel()
+    def _unfinished(self) -> int:
+        return len(self.batch) + len(self.batch.probation) + len(self.queue)
 
-    async def _serve(self, job: Job) -> None:
-        """Run one job to its end. A backend fault goes to recovery; anything else raised
-        here is a bug in steward that fails this job alone, and the loop goes on."""
+    def _dispatch(self) -> None:
+        """Start queued jobs while the batch has room."""
+        while (job := self.batch.next(self.queue, self.quarantine.suspect)) is not None:
+            self._start(job)
+
+    def _start(self, job: Job) -> None:
+        """Send one job to the worker. Anything raised here is a bug in steward that fails
+        this job alone, and the loop goes on."""
+        if job.cancelled or job.finished:
+            return
+        assert self.link is not None
+        self.current = job
+        self._inject(job, "crash")  # outside the guard below: a bug that ends the loop
         try:
-            await self._follow(job)
-        except FaultError as err:
-            await self._recover(err.fault, job)
+            if error := self.too_long(job):  # queued before the model's bounds were known
+                job.push(error)
+                return
+            self._inject(job, "raise")
+            job.attempts += 1
+            job.text.clear()
+            job.running = True
+            if not self.batch.running:
+                self._busy_since = time.monotonic()
+            self.batch.running[job.id] = job
+            self.link.start(job.message(), job.add, functools.partial(self._finished, job))
         except Exception as exc:
             log.error(
-                "bug in steward while serving request %s; it alone fails",
+                "bug in steward while starting request %s; it alone fails",
                 job.request_id,
                 exc_info=True,
                 extra={"request_id": job.request_id},
             )
-            if self.link is not None and job.running:
+            if self.batch.running.pop(job.id, None) is not None:
+                self.link.sinks.pop(job.id, None)
                 self.link.send(Cancel(job.id))
             job.push(_bug(f"{type(exc).__name__}: {exc}"))
         finally:
             self.current = None
 
-    async def _follow(self, job: Job) -> None:
-        if job.cancelled or job.finished:
-            return
-        assert self.link is not None
-        if error := self.too_long(job):  # queued before the model's bounds were known
-            job.push(error)
-            return
-        self._inject(job, "raise")
-        job.attempts += 1
-        job.text.clear()
-        started = time.monotonic()
-        self.link.send(job.message())
-        result = await self.link.follow(job.id, job.add, self.config.stall_timeout, "request")
+    def _finished(self, job: Job, result: Done | Rejected) -> None:
+        """The worker's last word on a job (on the token path: quick, never raises out)."""
+        self.batch.running.pop(job.id, None)
+        self._wake.set()
+        log.debug("request %s %s", job.request_id, result)
         if isinstance(result, Rejected):
             job.push(ApiError(result.type, result.message))
             return
         job.push(result)
+        if job.alone:
+            self.quarantine.acquit(job.digest)  # a suspect that finished alone is innocent
         self.events.request_done(result)
-        log.debug(
-            "request %s done: %s, %d+%d tokens, worker ttft %.1f ms, decode %.1f tok/s",
-            job.request_id,
-            result.finish_reason,
-            result.prompt_tokens,
-            result.completion_tokens,
-            result.ttft * 1e3,
-            result.decode_tps,
-        )
-        self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - started)
-        if result.completion_tokens >= canary.MAX_TOKENS and result.decode_tps > 0:
-            self.recent_tps = result.decode_tps
-            self._serving()
+        now = time.monotonic()
+        self._job_seconds = 0.8 * self._job_seconds + 0.2 * min(now - self._finished_at, 60.0)
+        self._finished_at = now
+        if result.batch == 1 and result.completion_tokens >= canary.MAX_TOKENS:
+            self.recent_tps = result.decode_tps  # like with like: alone, as the canary ran
+
+    async def _watch(self) -> None:
+        """Wait for something to decide: work, a job's end, a fault, or silence."""
+        assert self.link is not None
+        link = self.link
+        self._wake.clear()
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({woken, link.failure}, timeout=1.0, return_when="FIRST_COMPLETED")
+        finally:
+            woken.cancel()
+        if link.failure.done():
+            await self._recover(link.failure.result())
+        elif stall := self._stalled(link):
+            await self._recover(stall)
+        elif self.state.serving:
+            self._serving()  # a fault leaving the restart window ends `degraded`
+
+    def _stalled(self, link: WorkerLink) -> Fault | None:
+        """Busy: no step within --stall-timeout. Idle: no heartbeat within it."""
+        timeout = self.config.stall_timeout
+        if self.batch.running:
+            since = max(link.progress, self._busy_since)
+            if time.monotonic() - since > timeout:
+                return link.fault(STALL, f"no progress on the batch for {timeout:.0f} s")
+        elif link.silent_for() > timeout:
+            return link.fault(STALL, f"no heartbeat for {timeout:.0f} s while idle")
+        return None
 
     # -- faults and recovery ----------------------------------------------------------
 
-    async def _recover(self, fault: Fault, job: Job | None) -> None:
-        """Decide and act: keep the worker (canary passed) or replace it; settle the job."""
-        if job is not None:
-            fault.request_id = job.request_id
+    async def _recover(self, fault: Fault) -> None:
+        """Decide and act: keep the worker (canary passed) or replace it; settle every job
+        that was in flight (each a suspect)."""
+        assert self.link is not None
+        suspects = list(self.batch.running.values())
+        self.batch.running.clear()
+        self.link.sinks.clear()
+        self.link.rearm()
+        if len(suspects) == 1:
+            fault.request_id = suspects[0].request_id
         self._record(fault)
         self._set_state(State.RECOVERING, f"fault {fault.id} ({fault.cls})")
         self._recovery_since = time.monotonic()
-        if job and replay.before_recovery(job, fault, self.quarantine, self.retry_after()):
-            self.events.request_quarantined()
+        strikes = replay.strike(suspects, self.quarantine)
+        for job in suspects:
+            settled = replay.before_recovery(
+                job, fault, strikes[job.digest], self.quarantine, self.retry_after()
+            )
+            if settled:
+                self.events.request_quarantined()
         kept, verdict = False, ""
         try:
             if fault.cls in CANARY_DECIDES:
@@ -377,12 +404,20 @@ class Supervisor:
                 fault.action = verdict + f"replaced worker (generation {self.generation})"
         except Exit as exc:
             fault.action = verdict + f"exit {exc.code}"
-            if job is not None:
+            for job in suspects:
                 job.push(self._exiting(fault))
             self._settle(fault)
             raise
-        if job is not None and replay.after_recovery(job, fault, kept):
+        shrink = fault.cls == OOM and len(suspects) > 1
+        if shrink:
+            self.batch.shrink()
+            fault.action += f"; batch limit {self.batch.limit}"
+        replays = [j for j in suspects if replay.after_recovery(j, fault, kept, len(suspects) == 1)]
+        for job in replays:
             log.info("replaying request %s (attempt %d)", job.request_id, job.attempts + 1)
+            if not shrink:
+                self.batch.probate(job)  # alone, one at a time: the next fault names its job
+        for job in reversed(replays if shrink else []):
             self.queue.put(job, front=True)
         self._serving()
         fault.recovery_s = round(time.monotonic() - fault.detected, 3)
@@ -412,6 +447,8 @@ class Supervisor:
             self.fault_specs,
             os.getpid(),
             self.config.worker_memory_limit,
+            self.config.max_batch,
+            self.config.prompt_cache_bytes,
         )
         self.link = link = await WorkerLink.spawn(settings)
         log.info("worker %d started (pid %d)", self.generation, link.pid)
@@ -424,6 +461,7 @@ class Supervisor:
                 raise FaultError(link.fault(classify(msg.message), msg.message, msg.traceback))
             self.context_length = msg.context_length
             self.max_token_chars = msg.max_token_chars
+            self.batch.worker_max = msg.max_batch
             failure = await self._canary()
             if failure is not None:
                 raise FaultError(failure)

@@ -1,35 +1,23 @@
-"""The MLX backend: one loaded model, one generation at a time, fault points wired in.
+"""The MLX backend: one loaded model and its tokenizer, and what turns a request into
+prompt tokens (engine.py batches the generations).
 
-Everything that touches mlx lives here and in `steward.model.gguf`; the front never
-imports either. Request-level problems (a prompt too long) come back as `Rejected`;
-anything the backend raises propagates, to be reported as `Failed` and classified by
-the supervisor.
+Everything that touches mlx lives in `steward.worker` and `steward.model.gguf`; the front
+never imports either. Request-level problems (a prompt too long, a template that refuses
+the messages) come back as `Rejected`; anything the backend raises propagates, to be
+reported as `Failed` and classified by the supervisor.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 from jinja2 import TemplateError
-from mlx_lm import load, stream_generate
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm import load
 
 from steward.worker.injection import Injector
-from steward.worker.protocol import (
-    Done,
-    FromWorker,
-    Generate,
-    Progress,
-    Rejected,
-    Token,
-    prompt_text,
-)
-from steward.worker.stops import StopMatcher
+from steward.worker.protocol import Generate, Rejected
 
 
 def context_length(model_dir: Path) -> int:
@@ -60,6 +48,8 @@ def max_token_chars(tokenizer: Any) -> int:
 
 
 class Backend:
+    batches = True  # engine.py decodes its requests together
+
     def __init__(self, model_dir: Path, injector: Injector) -> None:
         self.injector = injector
         injector.hit("load")
@@ -74,43 +64,6 @@ class Backend:
             )
         return list(self.tokenizer.encode(req.prompt or ""))
 
-    def generate(
-        self,
-        req: Generate,
-        emit: Callable[[FromWorker], None],
-        cancelled: Callable[[], bool],
-    ) -> Done | Rejected:
-        try:
-            tokens = self.encode(req)
-        except PREPARE_ERRORS as exc:
-            return unpreparable(req, exc)
-        if rejected := over_context(req, self.context_length, len(tokens)):
-            return rejected
-        room = self.context_length - len(tokens)
-        self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req))
-        if req.seed is not None:
-            mx.random.seed(req.seed)
-        start = time.perf_counter()
-        outputs = stream_generate(
-            self.model,
-            self.tokenizer,
-            tokens,
-            max_tokens=req.max_tokens or room,
-            sampler=make_sampler(req.temperature, req.top_p),
-            prompt_progress_callback=lambda *_: emit(Progress(req.id)),
-        )
-        # mlx-lm's last response, when generation met EOS, carries the EOS: not a token.
-        return relay(
-            req,
-            outputs,
-            lambda out: out.finish_reason != "stop",
-            len(tokens),
-            start,
-            emit,
-            cancelled,
-            self.injector,
-        )
-
 
 def over_context(req: Generate, context_length: int, prompt_tokens: int) -> Rejected | None:
     """A prompt and its completion must fit the context: else a 400 for the request, no fault."""
@@ -123,46 +76,4 @@ def over_context(req: Generate, context_length: int, prompt_tokens: int) -> Reje
         f"This model's maximum context length is {context_length} tokens; the prompt has "
         f"{prompt_tokens} tokens and {wanted} were requested for the "
         "completion.",
-    )
-
-
-def relay(
-    req: Generate,
-    outputs: Iterable[Any],
-    is_token: Callable[[Any], bool],
-    prompt_tokens: int,
-    start: float,
-    emit: Callable[[FromWorker], None],
-    cancelled: Callable[[], bool],
-    injector: Injector,
-) -> Done:
-    """A generator's responses to `Token` messages and a `Done`: stop strings, the decode
-    fault point, cancellation and timings, the same for every backend."""
-    text = prompt_text(req)
-    stops = StopMatcher(req.stop)
-    first, count, finish = start, 0, "length"
-    for step, out in enumerate(outputs):
-        real = is_token(out)
-        if step == 0:
-            first = time.perf_counter()
-        elif real:
-            injector.hit("decode", req.seq, req.attempt, text)
-        count += real
-        piece, stopped = stops.feed(out.text)
-        if stopped or out.finish_reason:
-            piece += "" if stopped else stops.flush()
-            finish = "stop" if stopped or out.finish_reason == "stop" else "length"
-        if piece or real:
-            emit(Token(req.id, int(out.token) if real else -1, piece))
-        if stopped or cancelled():
-            finish = finish if stopped else "cancelled"
-            break
-    elapsed = time.perf_counter() - first
-    return Done(
-        req.id,
-        finish,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=count,
-        ttft=first - start,
-        decode_tps=(count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0,
     )

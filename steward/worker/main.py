@@ -1,7 +1,8 @@
 """The worker process: load the model, then serve `Generate` messages until told to stop.
 
-Threads: the main thread runs the backend (MLX wants one thread); a reader thread takes
-messages off the socket so `Cancel` lands mid-generation and a dead front is noticed at
+Threads: the main thread runs the backend (MLX wants one thread): between two batch steps
+it takes every message that arrived (requests join, cancelled ones leave); a reader thread
+takes messages off the socket so they land mid-generation and a dead front is noticed at
 once (EOF); a heartbeat thread shows the front that the process and its GIL are alive.
 """
 
@@ -26,6 +27,7 @@ from steward.worker.channel import BlockingChannel
 from steward.worker.injection import FaultSpec, Injector
 from steward.worker.protocol import (
     Cancel,
+    Done,
     Failed,
     FromWorker,
     Generate,
@@ -33,12 +35,15 @@ from steward.worker.protocol import (
     LoadFailed,
     Ready,
     Shutdown,
+    Step,
+    ToWorker,
     decode_to_worker,
     encode,
 )
 
 if TYPE_CHECKING:
     from steward.worker.backend import Backend
+    from steward.worker.engine import Engine
     from steward.worker.vision import VisionBackend
 
 HEARTBEAT_INTERVAL = 1.0
@@ -53,6 +58,8 @@ class WorkerSettings:
     faults: list[FaultSpec]
     parent_pid: int
     memory_limit: int | None = None
+    max_batch: int = 32
+    prompt_cache_bytes: int = 0
 
 
 def run(sock: socket.socket, settings: WorkerSettings) -> None:
@@ -75,26 +82,89 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
     except Exception as exc:
         send(LoadFailed(False, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
+    vision = not backend.batches
     send(
         Ready(
             os.getpid(),
             backend.context_length,
             backend.max_token_chars,
+            1 if vision else settings.max_batch,
             time.perf_counter() - started,
         )
     )
-
-    inbox: queue.SimpleQueue[Generate | None] = queue.SimpleQueue()
+    inbox: queue.SimpleQueue[ToWorker | None] = queue.SimpleQueue()
     cancelled: set[int] = set()
     threading.Thread(
         target=_read, args=(channel, inbox, cancelled), daemon=True, name="reader"
     ).start()
+    if vision:
+        _serve_alone(backend, inbox, cancelled, send)
+    else:
+        from steward.worker.engine import Engine
+
+        engine = Engine(backend, settings.max_batch, settings.prompt_cache_bytes)
+        _serve_batched(engine, inbox, send)
+
+
+def _serve_batched(
+    engine: Engine, inbox: queue.SimpleQueue[ToWorker | None], send: Callable[[FromWorker], None]
+) -> None:
+    """Between steps, let every waiting request join and every cancelled one leave; a
+    fault while joining or stepping fails the whole batch."""
+    while True:
+        for msg in _take(inbox, wait=not engine.busy):
+            if msg is None or isinstance(msg, Shutdown):
+                return
+            if isinstance(msg, Cancel):
+                engine.cancel(msg.id)
+                continue
+            try:
+                rejected = engine.add(msg)
+            except Exception as exc:
+                send(_failed([msg.id, *engine.drop_all()], exc))
+                continue
+            if rejected is not None:
+                send(rejected)
+        if engine.busy:
+            try:
+                step = engine.step()
+            except Exception as exc:
+                send(_failed(engine.drop_all(), exc))
+                continue
+            if step.tokens or step.done or step.prefilled:
+                send(step)
+
+
+def _serve_alone(
+    backend: VisionBackend,
+    inbox: queue.SimpleQueue[ToWorker | None],
+    cancelled: set[int],
+    send: Callable[[FromWorker], None],
+) -> None:
+    """One request at a time, for backends that cannot batch."""
     while (req := inbox.get()) is not None:
+        if not isinstance(req, Generate):
+            continue
         try:
-            send(backend.generate(req, send, lambda req=req: req.id in cancelled))
+            result = backend.generate(req, send, lambda req=req: req.id in cancelled)
+            send(Step(done=[result]) if isinstance(result, Done) else result)
         except Exception as exc:
-            send(Failed(req.id, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            send(_failed([req.id], exc))
         cancelled.discard(req.id)
+
+
+def _take(inbox: queue.SimpleQueue[ToWorker | None], wait: bool) -> list[ToWorker | None]:
+    """Every message waiting now; with `wait`, block for the first."""
+    taken = [inbox.get()] if wait else []
+    while True:
+        try:
+            taken.append(inbox.get_nowait())
+        except queue.Empty:
+            return taken
+
+
+def _failed(ids: list[int], exc: Exception) -> Failed:
+    return Failed(ids, f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
 
 def load_backend(source: ModelSource, injector: Injector) -> Backend | VisionBackend:
@@ -134,7 +204,7 @@ def _file_limit_kept() -> Iterator[None]:
 
 
 def _read(
-    channel: BlockingChannel, inbox: queue.SimpleQueue[Generate | None], cancelled: set[int]
+    channel: BlockingChannel, inbox: queue.SimpleQueue[ToWorker | None], cancelled: set[int]
 ) -> None:
     while True:
         try:
@@ -142,11 +212,8 @@ def _read(
         except EOFError:
             os._exit(0)  # the front is gone: nobody is left to serve
         if isinstance(msg, Cancel):
-            cancelled.add(msg.id)
-        elif isinstance(msg, Shutdown):
-            inbox.put(None)
-        else:
-            inbox.put(msg)
+            cancelled.add(msg.id)  # what a backend busy with one request looks at
+        inbox.put(None if isinstance(msg, Shutdown) else msg)
 
 
 def _beat(send: Callable[[FromWorker], None]) -> None:

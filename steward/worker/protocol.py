@@ -1,9 +1,10 @@
 """Messages between the front and the worker.
 
 Every message is a frozen, tagged `msgspec.Struct`, encoded as msgpack; every message
-about a request carries its id, so the worker may interleave many requests (continuous
-batching) without a protocol change. Decoding a union of tagged structs gives one type
-per message: no `isinstance` ladders over loosely shaped dicts.
+about a request carries its id, so the worker interleaves many requests (continuous
+batching). Decoding a union of tagged structs gives one type per message: no `isinstance`
+ladders over loosely shaped dicts. The token path is one `Step` per decode step, carrying
+every member's new token: never a message per token.
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ class Shutdown(_Msg):
 
 class Ready(_Msg):
     """`max_token_chars`: the most characters one token stands for, so the front can
-    refuse a prompt that cannot fit the context without tokenising it."""
+    refuse a prompt that cannot fit the context without tokenising it. `max_batch`: how
+    many requests the worker decodes together (1 for a model it cannot batch)."""
 
     pid: int
     context_length: int
     max_token_chars: int
+    max_batch: int
     load_seconds: float
 
 
@@ -73,25 +76,26 @@ class Heartbeat(_Msg):
     """Sent every second by a worker thread: the process is alive and its GIL is free."""
 
 
-class Progress(_Msg):
-    """The generation loop finished a prefill chunk: a long prompt is not a stall."""
-
-    id: int
-
-
 class Token(_Msg):
+    """`token` is -1 for text that is no token of its own (a stop string's held text)."""
+
     id: int
     token: int
     text: str
 
 
 class Done(_Msg):
+    """`batch`: the most requests decoded beside this one (1: it ran alone), so decode
+    speeds compare like with like. `cached_tokens`: prompt tokens the prompt cache held."""
+
     id: int
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     ttft: float
     decode_tps: float
+    cached_tokens: int = 0
+    batch: int = 1
 
 
 class Rejected(_Msg):
@@ -102,10 +106,20 @@ class Rejected(_Msg):
     message: str
 
 
-class Failed(_Msg):
-    """The backend raised while serving this request: a fault to classify."""
+class Step(_Msg):
+    """One step of the batch: new tokens, finished requests, and the prompts a prefill
+    chunk advanced (a long prompt is progress, not a stall)."""
 
-    id: int
+    tokens: list[Token] = []
+    done: list[Done] = []
+    prefilled: list[int] = []
+
+
+class Failed(_Msg):
+    """The backend raised while serving these requests (a batch fails whole): a fault to
+    classify."""
+
+    ids: list[int]
     message: str
     traceback: str
 
@@ -116,7 +130,7 @@ def prompt_text(req: Generate) -> str:
 
 
 ToWorker = Generate | Cancel | Shutdown
-FromWorker = Ready | LoadFailed | Heartbeat | Progress | Token | Done | Rejected | Failed
+FromWorker = Ready | LoadFailed | Heartbeat | Step | Rejected | Failed
 
 encode = msgspec.msgpack.Encoder().encode
 decode_to_worker = msgspec.msgpack.Decoder(ToWorker).decode

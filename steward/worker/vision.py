@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,13 @@ from steward.worker.backend import (
     context_length,
     max_token_chars,
     over_context,
-    relay,
     unpreparable,
 )
 from steward.worker.injection import Injector
-from steward.worker.protocol import Done, FromWorker, Generate, Progress, Rejected, prompt_text
+from steward.worker.protocol import Done, Generate, Rejected, Step, Token, prompt_text
+from steward.worker.stops import StopMatcher
+
+Emit = Callable[[Step], None]
 
 ImageInput = bytes | Image.Image
 
@@ -79,6 +81,8 @@ def image_parts(req: Generate) -> int:
 
 
 class VisionBackend:
+    batches = False  # mlx-vlm batches few models: requests run alone, in order
+
     def __init__(self, model_dir: Path, injector: Injector) -> None:
         self.injector = injector
         injector.hit("load")
@@ -114,7 +118,7 @@ class VisionBackend:
     def generate(
         self,
         req: Generate,
-        emit: Callable[[FromWorker], None],
+        emit: Emit,
         cancelled: Callable[[], bool],
         images: Sequence[ImageInput] | None = None,
     ) -> Done | Rejected:
@@ -130,7 +134,7 @@ class VisionBackend:
     def _generate(
         self,
         req: Generate,
-        emit: Callable[[FromWorker], None],
+        emit: Emit,
         cancelled: Callable[[], bool],
         images: Sequence[ImageInput],
     ) -> Done | Rejected:
@@ -147,7 +151,7 @@ class VisionBackend:
         if rejected := over_context(req, self.context_length, inputs.prompt_tokens):
             return rejected
         room = self.context_length - inputs.prompt_tokens
-        emit(Progress(req.id))  # preprocessing done: a slow image is not a stall
+        emit(Step(prefilled=[req.id]))  # preprocessing done: a slow image is not a stall
         self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req))
         outputs = stream_generate(
             self.model,
@@ -175,3 +179,46 @@ class VisionBackend:
             cancelled,
             self.injector,
         )
+
+
+def relay(
+    req: Generate,
+    outputs: Iterable[Any],
+    is_token: Callable[[Any], bool],
+    prompt_tokens: int,
+    start: float,
+    emit: Emit,
+    cancelled: Callable[[], bool],
+    injector: Injector,
+) -> Done:
+    """mlx-vlm's responses to one `Step` per token and a `Done`: stop strings, the decode
+    fault point, cancellation and timings (one request at a time: mlx-vlm does not batch
+    every model, so vision requests run alone)."""
+    text = prompt_text(req)
+    stops = StopMatcher(req.stop)
+    first, count, finish = start, 0, "length"
+    for step, out in enumerate(outputs):
+        real = is_token(out)
+        if step == 0:
+            first = time.perf_counter()
+        elif real:
+            injector.hit("decode", req.seq, req.attempt, text)
+        count += real
+        piece, stopped = stops.feed(out.text)
+        if stopped or out.finish_reason:
+            piece += "" if stopped else stops.flush()
+            finish = "stop" if stopped or out.finish_reason == "stop" else "length"
+        if piece or real:
+            emit(Step(tokens=[Token(req.id, int(out.token) if real else -1, piece)]))
+        if stopped or cancelled():
+            finish = finish if stopped else "cancelled"
+            break
+    elapsed = time.perf_counter() - first
+    return Done(
+        req.id,
+        finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=count,
+        ttft=first - start,
+        decode_tps=(count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0,
+    )

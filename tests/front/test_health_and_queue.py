@@ -69,6 +69,8 @@ def test_full_queue_is_429_and_waiting_is_bounded(serve, tiny_model) -> None:
     server = serve(
         "--model",
         str(tiny_model),
+        "--max-batch",
+        "1",  # one on the worker, the next one waits in the queue
         "--queue-size",
         "1",
         "--queue-timeout",

@@ -13,6 +13,13 @@ from steward.supervisor.state import State
 from steward.worker.protocol import Done
 
 
+class FakeBatch:
+    limit = 32
+
+    def __len__(self) -> int:
+        return 0
+
+
 @pytest.fixture
 def supervisor() -> SimpleNamespace:
     fake = SimpleNamespace(
@@ -20,6 +27,7 @@ def supervisor() -> SimpleNamespace:
         queue=[],
         generation=1,
         intensity=SimpleNamespace(in_window=lambda: 0),
+        batch=FakeBatch(),
     )
     fake.status = lambda: fake.state
     return fake

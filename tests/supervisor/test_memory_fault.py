@@ -16,7 +16,8 @@ import pytest
 from tests.supervisor.test_recovery import BODY, faults_logged
 
 HEADROOM = 400 * 2**20
-# 8000 prompt tokens, 16 heads: a prefill chunk's attention scores alone take ~1 GiB.
+# 8000 prompt tokens, 64 heads: one 512-token prefill chunk's attention scores alone take
+# ~1 GiB.
 BIG = {"prompt": "hello" + " hello" * 7999, "max_tokens": 1}
 
 
@@ -25,7 +26,7 @@ def wide_model(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
     from tests.tinymodel import build_tiny_model
 
     out = tmp_path_factory.mktemp("wide") / "wide"
-    return build_tiny_model(out, default_model_dir, heads=16, context=16384)
+    return build_tiny_model(out, default_model_dir, hidden=128, heads=64, context=16384)
 
 
 def vm_peak(pid: int) -> int:

@@ -18,11 +18,9 @@ from PIL import Image
 from steward.worker.injection import Injector, parse
 from steward.worker.protocol import (
     Done,
-    FromWorker,
     Generate,
-    Progress,
     Rejected,
-    Token,
+    Step,
     decode_to_worker,
     encode,
 )
@@ -58,13 +56,13 @@ def prompt_ids(backend: VisionBackend, req: Generate, images: list[bytes] = ()) 
 
 def run(
     backend: VisionBackend, req: Generate, **kwargs: Any
-) -> tuple[Done | Rejected, list[FromWorker]]:
-    sent: list[FromWorker] = []
+) -> tuple[Done | Rejected, list[Step]]:
+    sent: list[Step] = []
     return backend.generate(req, sent.append, lambda: False, **kwargs), sent
 
 
-def tokens(sent: list[FromWorker]) -> list[int]:
-    return [m.token for m in sent if isinstance(m, Token) and m.token >= 0]
+def tokens(sent: list[Step]) -> list[int]:
+    return [t.token for step in sent for t in step.tokens if t.token >= 0]
 
 
 def test_mlx_vlm_loads_the_tiny_vlm(tiny_vlm: Path) -> None:
@@ -83,7 +81,7 @@ def test_image_and_text(backend: VisionBackend) -> None:
     done, sent = run(backend, req)
     assert isinstance(done, Done), done
     assert (done.finish_reason, done.completion_tokens) == ("length", 6)
-    assert isinstance(sent[0], Progress)
+    assert sent[0].prefilled == [req.id]  # preprocessing done: progress, not a stall
     assert len(tokens(sent)) == 6
     ids = prompt_ids(backend, req, req.images)
     # a 64x64 image: 2x2 tiles of 32 plus the global one, IMAGE_SEQ_LEN tokens each
@@ -105,7 +103,7 @@ def test_text_only(backend: VisionBackend) -> None:
     completion = Generate(id=3, seq=3, attempt=1, max_tokens=4, prompt="Once upon a time")
     done, sent = run(backend, completion)
     assert isinstance(done, Done) and done.completion_tokens == 4
-    text = "".join(m.text for m in sent if isinstance(m, Token))
+    text = "".join(t.text for step in sent for t in step.tokens)
     assert text
 
 

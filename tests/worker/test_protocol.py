@@ -10,7 +10,9 @@ import time
 from steward.worker.channel import AsyncChannel, BlockingChannel
 from steward.worker.protocol import (
     Done,
+    Failed,
     Generate,
+    Step,
     Token,
     decode_from_worker,
     decode_to_worker,
@@ -29,8 +31,25 @@ def test_messages_round_trip() -> None:
         seed=1,
     )
     assert decode_to_worker(encode(msg)) == msg
-    done = Done(3, "stop", 10, 4, 0.5, 30.0)
-    assert decode_from_worker(encode(done)) == done
+    step = Step(
+        tokens=[Token(3, 42, "hé"), Token(4, -1, "")],
+        done=[Done(5, "stop", 10, 4, 0.5, 30.0, cached_tokens=6, batch=2)],
+        prefilled=[6],
+    )
+    assert decode_from_worker(encode(step)) == step
+    failed = Failed([3, 4], "RuntimeError: boom", "Traceback ...")
+    assert decode_from_worker(encode(failed)) == failed
+
+
+def test_a_step_of_32_members_costs_the_front_little() -> None:
+    """One message per decode step for the whole batch: decoding it stays far below the
+    time of a GPU decode step (milliseconds)."""
+    step = encode(Step(tokens=[Token(i, 1000 + i, " token") for i in range(32)]))
+    started = time.perf_counter()
+    for _ in range(2000):
+        decode_from_worker(step)
+    per_step = (time.perf_counter() - started) / 2000
+    assert per_step < 200e-6, f"{per_step * 1e6:.1f} µs per 32-member step"
 
 
 def test_token_streaming_overhead_is_far_below_a_millisecond() -> None:
@@ -41,14 +60,14 @@ def test_token_streaming_overhead_is_far_below_a_millisecond() -> None:
     def produce() -> None:
         channel = BlockingChannel(worker)
         for i in range(count):
-            channel.send(encode(Token(1, i, " token")))
-        channel.send(encode(Done(1, "length", 1, count, 0.0, 0.0)))
+            channel.send(encode(Step(tokens=[Token(1, i, " token")])))
+        channel.send(encode(Step(done=[Done(1, "length", 1, count, 0.0, 0.0)])))
 
     async def consume() -> int:
         channel = await AsyncChannel.open(front)
         seen = 0
-        while not isinstance(decode_from_worker(await channel.recv()), Done):
-            seen += 1
+        while not (step := decode_from_worker(await channel.recv())).done:
+            seen += len(step.tokens)
         return seen
 
     started = time.perf_counter()

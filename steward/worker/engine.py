@@ -1,0 +1,195 @@
+"""Continuous batching on mlx-lm's `BatchGenerator`: requests join and leave between steps.
+
+`step()` runs one decode step for every member (mlx-lm interleaves one prefill chunk of the
+prompts that are joining, so a long prompt never freezes the others) and returns one
+`Step`: every member's new token, and the members that finished. Anything raised while a
+request joins or during a step is a fault of the whole batch: `drop_all()` forgets every
+member, whose KV state is now suspect, and the supervisor decides what each request gets.
+
+Each member keeps its own sampler (sampling.py), stop strings, `max_tokens`, usage and
+timings. Finished members leave their KV cache to an LRU prompt cache (mlx-lm's), bounded
+in bytes, so a request that shares a prefix with an earlier one (a multi-turn chat, a
+common system prompt) prefills only what is new.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
+from steward.worker.protocol import Done, Generate, Rejected, Step, Token, prompt_text
+from steward.worker.sampling import sampler
+from steward.worker.stops import StopMatcher
+
+PREFILL_STEP = 512  # prompt tokens per prefill chunk: the batch waits at most one chunk
+PREFILL_BATCH = 8  # prompts prefilled together
+CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps the trie small
+MODEL_KEY = "model"  # one model per worker
+
+
+@dataclass(eq=False)
+class Member:
+    req: Generate
+    prompt_tokens: int
+    cached_tokens: int
+    detokenizer: Any
+    stops: StopMatcher
+    admitted: float
+    first: float = 0.0
+    count: int = 0  # real tokens generated
+    batch: int = 1  # the largest batch it decoded in
+
+
+class Engine:
+    def __init__(self, backend: Backend, max_batch: int, cache_bytes: int) -> None:
+        self.backend = backend
+        self.max_batch = max_batch
+        self.cache = LRUPromptCache(CACHE_ENTRIES, cache_bytes) if cache_bytes > 0 else None
+        self.members: dict[int, Member] = {}  # by the generator's uid
+        self.uids: dict[int, int] = {}  # request id -> uid
+        self.finished: list[Done] = []  # cancelled between steps, reported with the next
+        self.generator = self._generator()
+
+    def _generator(self) -> BatchGenerator:
+        eos = self.backend.tokenizer.eos_token_ids
+        return BatchGenerator(
+            self.backend.model,
+            stop_tokens=[[t] for t in eos],
+            completion_batch_size=self.max_batch,
+            prefill_batch_size=min(PREFILL_BATCH, self.max_batch),
+            prefill_step_size=PREFILL_STEP,
+        )
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.members or self.finished)
+
+    def add(self, req: Generate) -> Rejected | None:
+        """Join the batch, or the request's own 400 (it cannot be prepared or fit)."""
+        backend = self.backend
+        try:
+            tokens = backend.encode(req)
+        except PREPARE_ERRORS as exc:
+            return unpreparable(req, exc)
+        if not tokens:
+            return Rejected(req.id, "validation_error", "The prompt is empty.")
+        if rejected := over_context(req, backend.context_length, len(tokens)):
+            return rejected
+        backend.injector.hit("prefill", req.seq, req.attempt, prompt_text(req))
+        cache, rest = self._cached(tokens)
+        cached = len(tokens) - len(rest)
+        (uid,) = self.generator.insert(
+            [rest],
+            max_tokens=[req.max_tokens or backend.context_length - len(tokens)],
+            caches=[cache],
+            all_tokens=[tokens[:cached]],
+            samplers=[sampler(req.temperature, req.top_p, req.seed)],
+        )
+        self.members[uid] = Member(
+            req,
+            len(tokens),
+            cached,
+            backend.tokenizer.detokenizer,
+            StopMatcher(req.stop),
+            time.perf_counter(),
+        )
+        self.uids[req.id] = uid
+        return None
+
+    def cancel(self, req_id: int) -> None:
+        uid = self.uids.get(req_id)
+        if uid is not None:
+            self.finished.append(self._leave(uid, "cancelled"))
+
+    def step(self) -> Step:
+        prompts, outputs = self.generator.next() if self.members else ([], [])
+        step = Step(
+            tokens=[],
+            done=self.finished,
+            prefilled=[self.members[r.uid].req.id for r in prompts if r.uid in self.members],
+        )
+        self.finished = []
+        size = len(self.members)
+        now = time.perf_counter()
+        for out in outputs:
+            member = self.members.get(out.uid)
+            if member is None:
+                continue
+            member.batch = max(member.batch, size)
+            finish = self._advance(member, out, now, step.tokens)
+            if finish is not None:
+                self._remember(out.all_tokens, out.prompt_cache)
+                step.done.append(self._leave(out.uid, finish, generator_done=out.finish_reason))
+        return step
+
+    def drop_all(self) -> list[int]:
+        """After a fault: every member's state is suspect; start over with an empty batch."""
+        ids = [member.req.id for member in self.members.values()]
+        self.members.clear()
+        self.uids.clear()
+        self.finished.clear()
+        self.generator.close()
+        self.generator = self._generator()
+        return ids
+
+    def _advance(self, member: Member, out: Any, now: float, tokens: list[Token]) -> str | None:
+        """One generated token (or, at EOS, none): its text, past stop strings; the finish
+        reason if the member is done."""
+        req = member.req
+        real = out.finish_reason != "stop"  # the EOS that ends a sequence is no token
+        if real:
+            member.count += 1
+            if member.count == 1:
+                member.first = now
+            else:
+                self.backend.injector.hit("decode", req.seq, req.attempt, prompt_text(req))
+            member.detokenizer.add_token(out.token)
+        if out.finish_reason:
+            member.detokenizer.finalize()
+        piece, stopped = member.stops.feed(member.detokenizer.last_segment)
+        finish = "stop" if stopped else out.finish_reason
+        if finish and not stopped:
+            piece += member.stops.flush()
+        if piece or real:
+            tokens.append(Token(req.id, int(out.token) if real else -1, piece))
+        return finish
+
+    def _leave(self, uid: int, finish: str, generator_done: str | None = None) -> Done:
+        member = self.members.pop(uid)
+        del self.uids[member.req.id]
+        if generator_done is None:  # still in the generator: take it out, keep its cache
+            kept = self.generator.remove([uid], return_prompt_caches=self.cache is not None)
+            for cache, tokens in kept.values():
+                self._remember(tokens, cache)
+        elapsed = time.perf_counter() - member.first
+        return Done(
+            member.req.id,
+            finish,
+            prompt_tokens=member.prompt_tokens,
+            completion_tokens=member.count,
+            ttft=(member.first or time.perf_counter()) - member.admitted,
+            decode_tps=(member.count - 1) / elapsed if member.count > 1 else 0.0,
+            cached_tokens=member.cached_tokens,
+            batch=member.batch,
+        )
+
+    def _cached(self, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:
+        """The longest cached prefix's KV (a copy) and the tokens still to prefill."""
+        if self.cache is None:
+            return None, tokens
+        cache, rest = self.cache.fetch_nearest_cache(MODEL_KEY, tokens)
+        if cache is not None and not rest:  # all cached: recompute the last token's logits
+            if not can_trim_prompt_cache(cache):
+                return None, tokens
+            trim_prompt_cache(cache, 1)
+            rest = tokens[-1:]
+        return cache, rest
+
+    def _remember(self, tokens: list[int] | None, cache: list[Any] | None) -> None:
+        if self.cache is not None and tokens and cache:
+            self.cache.insert_cache(MODEL_KEY, list(tokens), cache)

@@ -1,0 +1,43 @@
+"""Samplers for a batch: shared where requests agree, a random key of their own if seeded.
+
+mlx-lm's batch step makes one sampler call for the whole batch when every member holds
+the same sampler object, else one call per member. So all greedy requests share one
+object, unseeded requests share one per (temperature, top_p), and a seeded request draws
+from its own key: its answer depends on its seed, not on who else is in the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_p, greedy_sampler, make_sampler
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+@functools.lru_cache(maxsize=64)
+def _shared(temperature: float, top_p: float) -> Sampler:
+    return make_sampler(temperature, top_p)
+
+
+class Seeded:
+    def __init__(self, temperature: float, top_p: float, seed: int) -> None:
+        self.scale = 1.0 / temperature
+        self.top_p = top_p
+        self.key = mx.random.key(seed)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        self.key, key = mx.random.split(self.key)
+        if 0.0 < self.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        return mx.random.categorical(logprobs * self.scale, key=key)
+
+
+def sampler(temperature: float, top_p: float, seed: int | None) -> Sampler:
+    if temperature == 0.0:
+        return greedy_sampler
+    if seed is None:
+        return _shared(temperature, top_p)
+    return Seeded(temperature, top_p, seed)
