@@ -63,7 +63,7 @@ def generation_responses(obj: str) -> dict[int | str, dict[str, Any]]:
             'after its first token ends with one `data: {"error": {...}}` event instead',
             "content": {
                 "application/json": {"schema": {"type": "object"}},
-                "text/event-stream": {"schema": {"type": "string"}},
+                "text/event-stream": {},  # events: `data: {chunk}` lines
             },
         },
         **error_responses(*GENERATION),

@@ -54,9 +54,7 @@ def prompt_ids(backend: VisionBackend, req: Generate, images: list[bytes] = ()) 
     return [int(t) for t in backend.prepare(req, images).input_ids.reshape(-1).tolist()]
 
 
-def run(
-    backend: VisionBackend, req: Generate, **kwargs: Any
-) -> tuple[Done | Rejected, list[Step]]:
+def run(backend: VisionBackend, req: Generate, **kwargs: Any) -> tuple[Done | Rejected, list[Step]]:
     sent: list[Step] = []
     return backend.generate(req, sent.append, lambda: False, **kwargs), sent
 
