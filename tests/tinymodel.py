@@ -26,8 +26,13 @@ def build_tiny_model(
     layers: int = 2,
     heads: int = 4,
     context: int = 2048,
+    kv_heads: int | None = None,
+    ffn: int | None = None,
+    dtype: str = "float32",
 ) -> Path:
-    """Write a seeded random llama MLX model dir to `out`, with `tokenizer_dir`'s tokenizer."""
+    """Write a seeded random llama MLX model dir to `out`, with `tokenizer_dir`'s tokenizer.
+    Not only tiny: `python -m tests.tinymodel OUT TOKENIZER_DIR --hidden 2048 --layers 16
+    --heads 32 --kv-heads 8 --ffn 8192 --dtype bfloat16` is a 1B llama for GPU benchmarks."""
     out.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
@@ -35,7 +40,7 @@ def build_tiny_model(
     tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
     added = tokenizer.get("added_tokens", [])
     vocab = 1 + max([*tokenizer["model"]["vocab"].values(), *(t["id"] for t in added)])
-    kv_heads, ffn = heads // 2, 2 * hidden
+    kv_heads, ffn = kv_heads or heads // 2, ffn or 2 * hidden
     head_dim = hidden // heads
     config = {
         "model_type": "llama",
@@ -74,6 +79,20 @@ def build_tiny_model(
             f"{p}.input_layernorm.weight": ones,
             f"{p}.post_attention_layernorm.weight": ones,
         }
-    arrays = {k: mx.array(v) for k, v in weights.items()}
+    arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
     mx.save_safetensors(str(out / "model.safetensors"), arrays, metadata={"format": "mlx"})
     return out
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="a random-weight llama MLX model dir")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("tokenizer_dir", type=Path)
+    for name in ("hidden", "layers", "heads", "context", "kv-heads", "ffn"):
+        parser.add_argument("--" + name, type=int)
+    parser.add_argument("--dtype", default="float32")
+    args = vars(parser.parse_args())
+    sizes = {k: v for k, v in args.items() if v is not None and k not in ("out", "tokenizer_dir")}
+    print(build_tiny_model(args["out"], args["tokenizer_dir"], **sizes))

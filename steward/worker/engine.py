@@ -2,9 +2,11 @@
 
 `step()` runs one decode step for every member (mlx-lm interleaves one prefill chunk of the
 prompts that are joining, so a long prompt never freezes the others) and returns one
-`Step`: every member's new token, and the members that finished. Anything raised while a
-request joins or during a step is a fault of the whole batch: `drop_all()` forgets every
-member, whose KV state is now suspect, and the supervisor decides what each request gets.
+`Step`: every member's new token, and the members that finished. A request that arrives
+at an idle engine runs alone at bare mlx-lm speed (solo.py) until a second one arrives and
+it moves into the batch. Anything raised while a request joins or during a step is a fault
+of the whole batch: `drop_all()` forgets every member, whose KV state is now suspect, and
+the supervisor decides what each request gets.
 
 Each member keeps its own sampler (sampling.py), stop strings, `max_tokens`, usage and
 timings. Finished members leave their KV cache to an LRU prompt cache (mlx-lm's), bounded
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
@@ -24,12 +26,20 @@ from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prom
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
 from steward.worker.protocol import Done, Generate, Rejected, Step, Token, prompt_text
 from steward.worker.sampling import sampler
+from steward.worker.solo import Solo
 from steward.worker.stops import StopMatcher
 
 PREFILL_STEP = 512  # prompt tokens per prefill chunk: the batch waits at most one chunk
 PREFILL_BATCH = 8  # prompts prefilled together
 CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps the trie small
 MODEL_KEY = "model"  # one model per worker
+
+
+class Out(NamedTuple):
+    """A solo step's token, shaped as the batch's responses are."""
+
+    token: int
+    finish_reason: str | None
 
 
 @dataclass(eq=False)
@@ -40,6 +50,7 @@ class Member:
     detokenizer: Any
     stops: StopMatcher
     admitted: float
+    marked: str  # what fault-injection markers are looked for in ("" without injection)
     first: float = 0.0
     count: int = 0  # real tokens generated
     batch: int = 1  # the largest batch it decoded in
@@ -53,6 +64,8 @@ class Engine:
         self.members: dict[int, Member] = {}  # by the generator's uid
         self.uids: dict[int, int] = {}  # request id -> uid
         self.finished: list[Done] = []  # cancelled between steps, reported with the next
+        self.solo: tuple[Member, Solo] | None = None  # the one request running alone
+        self.eos = set(backend.tokenizer.eos_token_ids)
         self.generator = self._generator()
 
     def _generator(self) -> BatchGenerator:
@@ -67,7 +80,7 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.members or self.finished)
+        return bool(self.members or self.finished or self.solo)
 
     def add(self, req: Generate) -> Rejected | None:
         """Join the batch, or the request's own 400 (it cannot be prepared or fit)."""
@@ -80,33 +93,46 @@ class Engine:
             return Rejected(req.id, "validation_error", "The prompt is empty.")
         if rejected := over_context(req, backend.context_length, len(tokens)):
             return rejected
-        backend.injector.hit("prefill", req.seq, req.attempt, prompt_text(req))
+        marked = prompt_text(req) if backend.injector.specs else ""
+        backend.injector.hit("prefill", req.seq, req.attempt, marked)
         cache, rest = self._cached(tokens)
         cached = len(tokens) - len(rest)
-        (uid,) = self.generator.insert(
-            [rest],
-            max_tokens=[req.max_tokens or backend.context_length - len(tokens)],
-            caches=[cache],
-            all_tokens=[tokens[:cached]],
-            samplers=[sampler(req.temperature, req.top_p, req.seed)],
-        )
-        self.members[uid] = Member(
+        member = Member(
             req,
             len(tokens),
             cached,
             backend.tokenizer.detokenizer,
             StopMatcher(req.stop),
             time.perf_counter(),
+            marked,
         )
+        max_tokens = req.max_tokens or backend.context_length - len(tokens)
+        draw = sampler(req.temperature, req.top_p, req.seed)
+        if self.solo is None and not self.members:
+            solo = Solo(backend.model, tokens, cache, cached, draw, max_tokens, PREFILL_STEP)
+            self.solo = (member, solo)
+            return None
+        self._handover()
+        (uid,) = self.generator.insert(
+            [rest],
+            max_tokens=[max_tokens],
+            caches=[cache],
+            all_tokens=[tokens[:cached]],
+            samplers=[draw],
+        )
+        self.members[uid] = member
         self.uids[req.id] = uid
         return None
 
     def cancel(self, req_id: int) -> None:
-        uid = self.uids.get(req_id)
-        if uid is not None:
+        if self.solo is not None and self.solo[0].req.id == req_id:
+            self.finished.append(self._solo_done("cancelled"))
+        elif (uid := self.uids.get(req_id)) is not None:
             self.finished.append(self._leave(uid, "cancelled"))
 
     def step(self) -> Step:
+        if self.solo is not None:
+            return self._solo_step()
         prompts, outputs = self.generator.next() if self.members else ([], [])
         step = Step(
             tokens=[],
@@ -130,6 +156,9 @@ class Engine:
     def drop_all(self) -> list[int]:
         """After a fault: every member's state is suspect; start over with an empty batch."""
         ids = [member.req.id for member in self.members.values()]
+        if self.solo is not None:
+            ids.append(self.solo[0].req.id)
+            self.solo = None
         self.members.clear()
         self.uids.clear()
         self.finished.clear()
@@ -147,7 +176,7 @@ class Engine:
             if member.count == 1:
                 member.first = now
             else:
-                self.backend.injector.hit("decode", req.seq, req.attempt, prompt_text(req))
+                self.backend.injector.hit("decode", req.seq, req.attempt, member.marked)
             member.detokenizer.add_token(out.token)
         if out.finish_reason:
             member.detokenizer.finalize()
@@ -159,6 +188,47 @@ class Engine:
             tokens.append(Token(req.id, int(out.token) if real else -1, piece))
         return finish
 
+    def _solo_step(self) -> Step:
+        assert self.solo is not None
+        member, solo = self.solo
+        step = Step(tokens=[], done=self.finished, prefilled=[])
+        self.finished = []
+        token = solo.next()
+        if token is None:
+            step.prefilled.append(member.req.id)
+            return step
+        finish = "stop" if token in self.eos else None
+        if finish is None and member.count + 1 >= solo.max_tokens:
+            finish = "length"
+        finish = self._advance(member, Out(token, finish), time.perf_counter(), step.tokens)
+        if finish is not None:
+            step.done.append(self._solo_done(finish))
+        return step
+
+    def _solo_done(self, finish: str) -> Done:
+        assert self.solo is not None
+        member, solo = self.solo
+        self.solo = None
+        self._remember(solo.held(), solo.cache)
+        return self._done(member, finish)
+
+    def _handover(self) -> None:
+        """The request running alone joins the batch: its cache and the rest of its work."""
+        if self.solo is None:
+            return
+        member, solo = self.solo
+        self.solo = None
+        cache, held, rest = solo.handover()
+        (uid,) = self.generator.insert(
+            [rest],
+            max_tokens=[solo.max_tokens - member.count],
+            caches=[cache],
+            all_tokens=[held],
+            samplers=[solo.sampler],
+        )
+        self.members[uid] = member
+        self.uids[member.req.id] = uid
+
     def _leave(self, uid: int, finish: str, generator_done: str | None = None) -> Done:
         member = self.members.pop(uid)
         del self.uids[member.req.id]
@@ -166,6 +236,9 @@ class Engine:
             kept = self.generator.remove([uid], return_prompt_caches=self.cache is not None)
             for cache, tokens in kept.values():
                 self._remember(tokens, cache)
+        return self._done(member, finish)
+
+    def _done(self, member: Member, finish: str) -> Done:
         elapsed = time.perf_counter() - member.first
         return Done(
             member.req.id,

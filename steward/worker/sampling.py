@@ -3,7 +3,8 @@
 mlx-lm's batch step makes one sampler call for the whole batch when every member holds
 the same sampler object, else one call per member. So all greedy requests share one
 object, unseeded requests share one per (temperature, top_p), and a seeded request draws
-from its own key: its answer depends on its seed, not on who else is in the batch.
+from keys of its own, one per token position: its answer depends on its seed, not on who
+else is in the batch, nor on when it moved from running alone into the batch.
 """
 
 from __future__ import annotations
@@ -26,13 +27,19 @@ class Seeded:
     def __init__(self, temperature: float, top_p: float, seed: int) -> None:
         self.scale = 1.0 / temperature
         self.top_p = top_p
-        self.key = mx.random.key(seed)
+        self.seed = seed
+        self.position = 0  # the token this call samples
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        self.key, key = mx.random.split(self.key)
+        key = mx.random.key((self.seed * 1_000_003 + self.position) % 2**64)
+        self.position += 1
         if 0.0 < self.top_p < 1.0:
             logprobs = apply_top_p(logprobs, self.top_p)
         return mx.random.categorical(logprobs * self.scale, key=key)
+
+    def rewind(self, tokens: int) -> None:
+        """Tokens sampled ahead and dropped will be sampled again, with the same keys."""
+        self.position -= tokens
 
 
 def sampler(temperature: float, top_p: float, seed: int | None) -> Sampler:
