@@ -1,0 +1,73 @@
+"""A random-weight llama MLX model dir, built on the device it will run on, for benchmarks
+that must be bound by the GPU (a 1B in bf16, an 8B-class in 4 bits), with a real tokenizer.
+
+Special tokens' output rows are zeroed, so with random weights the model never ends early:
+every answer runs to max_tokens. (tests/tinymodel.py builds the tests' seeded CPU model.)
+
+    python -m bench.random_llama OUT TOKENIZER_DIR --size 8b --bits 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.llama import Model, ModelArgs
+
+SIZES = {
+    "1b": {"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": True},
+    "8b": {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
+}  # fmt: skip
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def build(out: Path, tokenizer_dir: Path, size: str, bits: int | None) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, out / name)
+    tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    added = tokenizer.get("added_tokens", [])
+    vocab = 1 + max([*tokenizer["model"]["vocab"].values(), *(t["id"] for t in added)])
+    config = {
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        **SIZES[size],
+    }
+    mx.random.seed(0)
+    model = Model(ModelArgs.from_dict(config))
+    model.set_dtype(mx.bfloat16)
+    special = mx.array([t["id"] for t in added if t.get("special")])
+    rows = model.lm_head if not config["tie_word_embeddings"] else model.model.embed_tokens
+    rows.weight[special] = 0
+    if bits:
+        nn.quantize(model, group_size=64, bits=bits)
+        config["quantization"] = {"group_size": 64, "bits": bits}
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("tokenizer_dir", type=Path)
+    parser.add_argument("--size", choices=sorted(SIZES), default="1b")
+    parser.add_argument("--bits", type=int, choices=[4, 8])
+    args = parser.parse_args()
+    print(build(args.out, args.tokenizer_dir, args.size, args.bits))
+
+
+if __name__ == "__main__":
+    main()
