@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,23 +18,18 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.llama import Model, ModelArgs
 
+from tests.tinymodel import take_tokenizer
+
 SIZES = {
     "1b": {"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
            "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": True},
     "8b": {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
            "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
 }  # fmt: skip
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def build(out: Path, tokenizer_dir: Path, size: str, bits: int | None) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy(tokenizer_dir / name, out / name)
-    tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-    added = tokenizer.get("added_tokens", [])
-    vocab = 1 + max([*tokenizer["model"]["vocab"].values(), *(t["id"] for t in added)])
+    vocab, special = take_tokenizer(out, tokenizer_dir)
     config = {
         "model_type": "llama",
         "vocab_size": vocab,
@@ -47,9 +41,8 @@ def build(out: Path, tokenizer_dir: Path, size: str, bits: int | None) -> Path:
     mx.random.seed(0)
     model = Model(ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)
-    special = mx.array([t["id"] for t in added if t.get("special")])
     rows = model.lm_head if not config["tie_word_embeddings"] else model.model.embed_tokens
-    rows.weight[special] = 0
+    rows.weight[mx.array(special)] = 0
     if bits:
         nn.quantize(model, group_size=64, bits=bits)
         config["quantization"] = {"group_size": 64, "bits": bits}

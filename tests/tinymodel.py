@@ -18,6 +18,18 @@ import numpy as np
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
+def take_tokenizer(out: Path, tokenizer_dir: Path) -> tuple[int, list[int]]:
+    """Copy the tokenizer into `out`; its vocabulary size and its special tokens' ids."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, out / name)
+    tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    added = tokenizer.get("added_tokens", [])
+    vocab = 1 + max([*tokenizer["model"]["vocab"].values(), *(t["id"] for t in added)])
+    return vocab, [t["id"] for t in added if t.get("special")]
+
+
 def build_tiny_model(
     out: Path,
     tokenizer_dir: Path,
@@ -33,13 +45,7 @@ def build_tiny_model(
     """Write a seeded random llama MLX model dir to `out`, with `tokenizer_dir`'s tokenizer.
     Not only tiny: `python -m tests.tinymodel OUT TOKENIZER_DIR --hidden 2048 --layers 16
     --heads 32 --kv-heads 8 --ffn 8192 --dtype bfloat16` is a 1B llama for GPU benchmarks."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy(tokenizer_dir / name, out / name)
-    tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-    added = tokenizer.get("added_tokens", [])
-    vocab = 1 + max([*tokenizer["model"]["vocab"].values(), *(t["id"] for t in added)])
+    vocab, special = take_tokenizer(out, tokenizer_dir)
     kv_heads, ffn = kv_heads or heads // 2, ffn or 2 * hidden
     head_dim = hidden // heads
     config = {
@@ -64,7 +70,7 @@ def build_tiny_model(
 
     ones = np.ones(hidden, dtype=np.float32)
     embed = normal(vocab, hidden)
-    embed[[t["id"] for t in added if t.get("special")]] = 0
+    embed[special] = 0
     weights = {"model.embed_tokens.weight": embed, "model.norm.weight": ones}
     for i in range(layers):
         p = f"model.layers.{i}"
