@@ -41,16 +41,32 @@ class Job:
     cancelled: bool = False
     queued_at: float = field(default_factory=time.monotonic)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-    text: list[str] = field(default_factory=list)  # this attempt's answer so far
+    text: list[str] = field(default_factory=list)  # the answer so far
+    generated: list[int] = field(default_factory=list)  # its token ids
 
     def message(self) -> Generate:
+        """What the worker gets; a stream the client already reads resumes after the
+        tokens it was sent (the worker continues from prompt + those tokens)."""
         return msgspec.structs.replace(
-            self.request, id=self.id, seq=self.seq, attempt=self.attempts
+            self.request,
+            id=self.id,
+            seq=self.seq,
+            attempt=self.attempts,
+            resume=self.generated if self.sent else [],
         )
+
+    def restart(self) -> None:
+        """A new attempt: from scratch, unless the client has part of the answer already."""
+        self.attempts += 1
+        if not self.sent:
+            self.text.clear()
+            self.generated.clear()
 
     def add(self, token: Token) -> None:
         """A token of the current attempt; only a streaming client sees it before the end."""
         self.text.append(token.text)
+        if token.token >= 0:
+            self.generated.append(token.token)
         if self.stream and token.text:
             self.sent = True
             self.push(token)

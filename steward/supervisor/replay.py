@@ -3,12 +3,12 @@
 A fault in a batch makes every member a suspect. Strikes are counted per payload (model and
 payload hash), not per request, so a client that retries a poison request keeps adding to
 the same count. Before recovery: a payload at its second strike within the window is
-quarantined, with every identical twin; a request whose answer already started reaching
-the client cannot be replayed (the stream ends with an error event). After recovery:
-suspects are replayed alone, one at a time (probation, in the supervisor), so the next
-fault names its request; a suspect that then finishes is acquitted. An allocation failure
-that the canary proved request-scoped is a 507 when the request ran alone, and a smaller
-batch when it did not.
+quarantined, with every identical twin. After recovery: suspects are replayed alone, one at
+a time (probation, in the supervisor), so the next fault names its request; a suspect that
+then finishes is acquitted. A replayed stream whose client already has part of the answer
+resumes after it (jobs.py: `Job.message`), so the client sees one unbroken stream. An
+allocation failure that the canary proved request-scoped is a 507 when the request ran
+alone, and a smaller batch when it did not.
 """
 
 from __future__ import annotations
@@ -68,9 +68,7 @@ def strike(suspects: list[Job], quarantine: Quarantine) -> dict[str, int]:
     return {digest: quarantine.strike(digest) for digest in {job.digest for job in suspects}}
 
 
-def before_recovery(
-    job: Job, fault: Fault, strikes: int, quarantine: Quarantine, retry_after: int
-) -> bool:
+def before_recovery(job: Job, fault: Fault, strikes: int, quarantine: Quarantine) -> bool:
     """Settle the job now if recovery cannot help it; True if it was quarantined."""
     job.faults += 1
     if strikes >= 2:
@@ -83,17 +81,7 @@ def before_recovery(
             )
         )
         return True
-    if job.sent:
-        job.push(
-            ApiError(
-                "backend_fault",
-                f"The backend failed mid-answer ({fault.cls}); it is recovering, retry the "
-                "request.",
-                retry_after=retry_after,
-                fault=fault.ref(),
-            )
-        )
-    return False
+    return False  # replayed after recovery; a stream the client reads resumes
 
 
 def after_recovery(job: Job, fault: Fault, worker_kept: bool, alone: bool) -> bool:

@@ -299,8 +299,7 @@ class Supervisor:
                 job.push(error)
                 return
             self._inject(job, "raise")
-            job.attempts += 1
-            job.text.clear()
+            job.restart()
             job.running = True
             if not self.batch.running:
                 self._busy_since = time.monotonic()
@@ -383,10 +382,7 @@ class Supervisor:
         self._recovery_since = time.monotonic()
         strikes = replay.strike(suspects, self.quarantine)
         for job in suspects:
-            settled = replay.before_recovery(
-                job, fault, strikes[job.digest], self.quarantine, self.retry_after()
-            )
-            if settled:
+            if replay.before_recovery(job, fault, strikes[job.digest], self.quarantine):
                 self.events.request_quarantined()
         kept, verdict = False, ""
         try:

@@ -52,8 +52,14 @@ class Member:
     admitted: float
     marked: str  # what fault-injection markers are looked for in ("" without injection)
     first: float = 0.0
-    count: int = 0  # real tokens generated
+    count: int = 0  # real tokens generated, resumed ones included
+    resumed: int = 0  # tokens an earlier attempt generated and the client has
     batch: int = 1  # the largest batch it decoded in
+
+    @property
+    def new(self) -> int:
+        """Tokens this attempt generated."""
+        return self.count - self.resumed
 
 
 class Engine:
@@ -86,27 +92,36 @@ class Engine:
         """Join the batch, or the request's own 400 (it cannot be prepared or fit)."""
         backend = self.backend
         try:
-            tokens = backend.encode(req)
+            prompt = backend.encode(req)
         except PREPARE_ERRORS as exc:
             return unpreparable(req, exc)
-        if not tokens:
+        if not prompt:
             return Rejected(req.id, "validation_error", "The prompt is empty.")
-        if rejected := over_context(req, backend.context_length, len(tokens)):
+        if rejected := over_context(req, backend.context_length, len(prompt)):
             return rejected
         marked = prompt_text(req) if backend.injector.specs else ""
         backend.injector.hit("prefill", req.seq, req.attempt, marked)
+        tokens = prompt + list(req.resume)  # a resumed answer continues after its tokens
         cache, rest = self._cached(tokens)
-        cached = len(tokens) - len(rest)
+        cached = min(len(tokens) - len(rest), len(prompt))
         member = Member(
             req,
-            len(tokens),
+            len(prompt),
             cached,
             backend.tokenizer.detokenizer,
             StopMatcher(req.stop),
             time.perf_counter(),
             marked,
+            count=len(req.resume),
+            resumed=len(req.resume),
         )
-        max_tokens = req.max_tokens or backend.context_length - len(tokens)
+        for token in req.resume:  # the text the client has: through detokenizer and stops
+            member.detokenizer.add_token(token)
+            member.stops.feed(member.detokenizer.last_segment)
+        max_tokens = (req.max_tokens or backend.context_length - len(prompt)) - member.count
+        if max_tokens < 1:  # the fault struck after the last token: nothing is left to do
+            self.finished.append(self._done(member, "length"))
+            return None
         draw = sampler(req.temperature, req.top_p, req.seed)
         if self.solo is None and not self.members:
             solo = Solo(backend.model, tokens, cache, cached, draw, max_tokens, PREFILL_STEP)
@@ -173,9 +188,8 @@ class Engine:
         real = out.finish_reason != "stop"  # the EOS that ends a sequence is no token
         if real:
             member.count += 1
-            if member.count == 1:
-                member.first = now
-            else:
+            member.first = member.first or now
+            if member.count > 1:  # not its first token
                 self.backend.injector.hit("decode", req.seq, req.attempt, member.marked)
             member.detokenizer.add_token(out.token)
         if out.finish_reason:
@@ -198,7 +212,7 @@ class Engine:
             step.prefilled.append(member.req.id)
             return step
         finish = "stop" if token in self.eos else None
-        if finish is None and member.count + 1 >= solo.max_tokens:
+        if finish is None and member.new + 1 >= solo.max_tokens:
             finish = "length"
         finish = self._advance(member, Out(token, finish), time.perf_counter(), step.tokens)
         if finish is not None:
@@ -221,7 +235,7 @@ class Engine:
         cache, held, rest = solo.handover()
         (uid,) = self.generator.insert(
             [rest],
-            max_tokens=[solo.max_tokens - member.count],
+            max_tokens=[solo.max_tokens - member.new],
             caches=[cache],
             all_tokens=[held],
             samplers=[solo.sampler],
@@ -239,14 +253,16 @@ class Engine:
         return self._done(member, finish)
 
     def _done(self, member: Member, finish: str) -> Done:
-        elapsed = time.perf_counter() - member.first
+        """Usage counts the whole answer once; speeds, this attempt's own tokens."""
+        now = time.perf_counter()
+        new = member.new
         return Done(
             member.req.id,
             finish,
             prompt_tokens=member.prompt_tokens,
             completion_tokens=member.count,
-            ttft=(member.first or time.perf_counter()) - member.admitted,
-            decode_tps=(member.count - 1) / elapsed if member.count > 1 else 0.0,
+            ttft=(member.first or now) - member.admitted,
+            decode_tps=(new - 1) / (now - member.first) if new > 1 else 0.0,
             cached_tokens=member.cached_tokens,
             batch=member.batch,
         )

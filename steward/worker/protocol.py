@@ -37,6 +37,7 @@ class Generate(_Msg):
     stop: list[str] = []
     seed: int | None = None
     images: list[bytes] = []  # encoded, validated and downscaled by the front, in part order
+    resume: list[int] = []  # after a fault: the answer's tokens the client already has
 
 
 class Cancel(_Msg):
