@@ -25,7 +25,6 @@ ERROR_TYPES: dict[str, tuple[int, bool]] = {
     "overloaded": (429, True),
     "internal_error": (500, False),
     "backend_unavailable": (503, True),
-    "backend_fault": (503, True),
     "server_shutdown": (503, True),
     "too_many_connections": (503, True),
     "generation_timeout": (504, False),
