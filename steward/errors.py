@@ -7,28 +7,49 @@ whether a retry can help, so handlers never pick status codes or retry flags by 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from starlette.responses import JSONResponse
 
+
+class ErrorType(StrEnum):
+    VALIDATION_ERROR = "validation_error"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    UNAUTHORIZED = "unauthorized"
+    MODEL_NOT_FOUND = "model_not_found"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    BODY_TIMEOUT = "body_timeout"
+    REQUEST_TOO_LARGE = "request_too_large"
+    REQUEST_QUARANTINED = "request_quarantined"
+    OVERLOADED = "overloaded"
+    INTERNAL_ERROR = "internal_error"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+    SERVER_SHUTDOWN = "server_shutdown"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    GENERATION_TIMEOUT = "generation_timeout"
+    INSUFFICIENT_MEMORY = "insufficient_memory"
+
+
 # type -> (HTTP status, retryable)
-ERROR_TYPES: dict[str, tuple[int, bool]] = {
-    "validation_error": (400, False),
-    "context_length_exceeded": (400, False),
-    "unauthorized": (401, False),
-    "model_not_found": (404, False),
-    "not_found": (404, False),
-    "method_not_allowed": (405, False),
-    "body_timeout": (408, False),
-    "request_too_large": (413, False),
-    "request_quarantined": (422, False),
-    "overloaded": (429, True),
-    "internal_error": (500, False),
-    "backend_unavailable": (503, True),
-    "server_shutdown": (503, True),
-    "too_many_connections": (503, True),
-    "generation_timeout": (504, False),
-    "insufficient_memory": (507, False),
+ERROR_TYPES: dict[ErrorType, tuple[int, bool]] = {
+    ErrorType.VALIDATION_ERROR: (400, False),
+    ErrorType.CONTEXT_LENGTH_EXCEEDED: (400, False),
+    ErrorType.UNAUTHORIZED: (401, False),
+    ErrorType.MODEL_NOT_FOUND: (404, False),
+    ErrorType.NOT_FOUND: (404, False),
+    ErrorType.METHOD_NOT_ALLOWED: (405, False),
+    ErrorType.BODY_TIMEOUT: (408, False),
+    ErrorType.REQUEST_TOO_LARGE: (413, False),
+    ErrorType.REQUEST_QUARANTINED: (422, False),
+    ErrorType.OVERLOADED: (429, True),
+    ErrorType.INTERNAL_ERROR: (500, False),
+    ErrorType.BACKEND_UNAVAILABLE: (503, True),
+    ErrorType.SERVER_SHUTDOWN: (503, True),
+    ErrorType.TOO_MANY_CONNECTIONS: (503, True),
+    ErrorType.GENERATION_TIMEOUT: (504, False),
+    ErrorType.INSUFFICIENT_MEMORY: (507, False),
 }
 
 MAX_RETRY_AFTER = 120
@@ -38,7 +59,7 @@ MAX_RETRY_AFTER = 120
 class ApiError(Exception):
     """An error for one request, rendered as the SPEC §4 envelope."""
 
-    type: str
+    type: ErrorType | str  # a string is checked against ErrorType
     message: str
     retry_after: int | None = None
     fault: dict[str, str] | None = None
@@ -46,8 +67,7 @@ class ApiError(Exception):
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
-        if self.type not in ERROR_TYPES:
-            raise ValueError(f"unknown error type {self.type!r}")
+        self.type = ErrorType(self.type)  # ValueError for a type the contract lacks
         if self.retryable:
             self.retry_after = min(max(1, self.retry_after or 1), MAX_RETRY_AFTER)
         else:

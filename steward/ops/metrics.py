@@ -29,18 +29,6 @@ if TYPE_CHECKING:
 RECOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
-# fault.action as supervisor.py writes it -> a bounded label value; first match wins.
-ACTIONS = (
-    ("discarded", "discarded_worker"),
-    ("exit", "exit"),
-    ("replaced", "replaced_worker"),
-    ("kept", "kept_worker"),
-)
-
-
-def action_label(action: str) -> str:
-    """'canary failed (oom); replaced worker (generation 3)' -> 'replaced_worker'."""
-    return next((label for word, label in ACTIONS if word in action), "other")
 
 
 class Metrics(Observer):
@@ -136,7 +124,7 @@ class Metrics(Observer):
     # -- the supervisor's events ------------------------------------------------------
 
     def fault_settled(self, fault: Fault) -> None:
-        self.faults.labels(fault.cls, action_label(fault.action)).inc()
+        self.faults.labels(fault.cls, fault.outcome).inc()
         if fault.recovery_s is not None:
             self.recovery.observe(fault.recovery_s)
 

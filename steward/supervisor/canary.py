@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from steward.supervisor.faults import CANARY_MISMATCH, STALL
+from steward.supervisor.faults import FaultClass
 from steward.supervisor.link import FaultError, WorkerLink
 from steward.worker.protocol import Done, Generate, Rejected, Token
 
@@ -36,8 +36,12 @@ async def run(link: WorkerLink, timeout: float) -> tuple[tuple[int, ...], float]
         link.sinks.pop(req.id, None)
         if link.failure.done():
             raise FaultError(link.failure.result())
-        raise FaultError(link.fault(STALL, f"no answer to the canary within {timeout:.0f} s"))
+        raise FaultError(
+            link.fault(FaultClass.STALL, f"no answer to the canary within {timeout:.0f} s")
+        )
     done = finished.result()
     if not isinstance(done, Done) or not tokens:
-        raise FaultError(link.fault(CANARY_MISMATCH, f"canary produced no tokens ({done})"))
+        raise FaultError(
+            link.fault(FaultClass.CANARY_MISMATCH, f"canary produced no tokens ({done})")
+        )
     return tuple(tokens), done.decode_tps

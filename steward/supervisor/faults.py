@@ -12,21 +12,38 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-OOM = "oom"
-GPU_TIMEOUT = "gpu_timeout"
-GPU_ERROR = "gpu_error"
-BACKEND_ERROR = "backend_error"
-WORKER_CRASH = "worker_crash"
-STALL = "stall"
-CANARY_MISMATCH = "canary_mismatch"
+
+class FaultClass(StrEnum):
+    OOM = "oom"
+    GPU_TIMEOUT = "gpu_timeout"
+    GPU_ERROR = "gpu_error"
+    BACKEND_ERROR = "backend_error"
+    WORKER_CRASH = "worker_crash"
+    STALL = "stall"
+    CANARY_MISMATCH = "canary_mismatch"
+
+
+class Outcome(StrEnum):
+    """What became of the worker: `/metrics` labels come from this, never from the text
+    written for people (`Fault.action`)."""
+
+    PENDING = "pending"
+    KEPT = "kept_worker"  # the canary passed
+    REPLACED = "replaced_worker"
+    DISCARDED = "discarded_worker"  # a new worker that could not come up
+    EXIT = "exit"
+
 
 # Classes whose worker may still be healthy: a canary decides.
-CANARY_DECIDES = frozenset({OOM, GPU_TIMEOUT, GPU_ERROR, BACKEND_ERROR})
+CANARY_DECIDES = frozenset(
+    {FaultClass.OOM, FaultClass.GPU_TIMEOUT, FaultClass.GPU_ERROR, FaultClass.BACKEND_ERROR}
+)
 
-_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+_PATTERNS: list[tuple[FaultClass, re.Pattern[str]]] = [
     (
-        OOM,
+        FaultClass.OOM,
         re.compile(
             r"out of memory|insufficient memory|resource limit exceeded|MemoryError"
             r"|std::bad_alloc|failed to allocate|unable to allocate|cudaErrorMemoryAllocation"
@@ -35,7 +52,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         ),
     ),
     (
-        GPU_TIMEOUT,
+        FaultClass.GPU_TIMEOUT,
         re.compile(
             r"GPU Timeout|kIOGPUCommandBufferCallbackErrorTimeout|watchdog"
             r"|cudaErrorLaunchTimeout",
@@ -43,7 +60,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         ),
     ),
     (
-        GPU_ERROR,
+        FaultClass.GPU_ERROR,
         re.compile(
             r"\[METAL\]|\[metal::|command buffer|kIOGPU|\bCUDA\b|cuda[A-Z]\w*|\bcublas|\bcudnn"
             r"|NCCL|illegal memory access|device-side assert|GPU",
@@ -55,12 +72,12 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 log = logging.getLogger("steward.faults")
 
 
-def classify(message: str) -> str:
+def classify(message: str) -> FaultClass:
     """The class of an exception message raised by the backend."""
     for name, pattern in _PATTERNS:
         if pattern.search(message):
             return name
-    return BACKEND_ERROR
+    return FaultClass.BACKEND_ERROR
 
 
 def describe_exit(code: int | None) -> str:
@@ -79,16 +96,20 @@ def describe_exit(code: int | None) -> str:
 class Fault:
     """One fault, as logged, counted and shown in /health and error envelopes."""
 
-    cls: str
+    cls: FaultClass
     message: str
     generation: int
     request_id: str | None = None
     traceback: str = ""
-    action: str = "pending"
+    action: str = "pending"  # for people: what was done, with its reasons
+    outcome: Outcome = Outcome.PENDING  # for machines
     id: str = ""  # "f-N", given when the supervisor records it: ids count one by one
     at: float = field(default_factory=time.time)
     detected: float = field(default_factory=time.monotonic)
     recovery_s: float | None = None  # detection to serving again
+
+    def settle(self, outcome: Outcome, action: str) -> None:
+        self.outcome, self.action = outcome, action
 
     def ref(self) -> dict[str, str]:
         """What an error envelope carries (SPEC §4)."""

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from steward.supervisor.faults import STALL, WORKER_CRASH, Fault, classify, describe_exit
+from steward.supervisor.faults import Fault, FaultClass, classify, describe_exit
 from steward.worker.main import WorkerSettings
 from steward.worker.process import WorkerProcess
 from steward.worker.protocol import (
@@ -87,7 +87,9 @@ class WorkerLink:
             async with asyncio.timeout(timeout):
                 msg = await self._control.get()
         except TimeoutError:
-            stall = self.fault(STALL, f"no progress on the model load for {timeout:.0f} s")
+            stall = self.fault(
+                FaultClass.STALL, f"no progress on the model load for {timeout:.0f} s"
+            )
             raise FaultError(stall) from None
         if msg is None:
             raise FaultError(await self.failure)
@@ -124,7 +126,7 @@ class WorkerLink:
         except EOFError:
             await self.worker.wait(2.0)
             self._crashed = self.fault(
-                WORKER_CRASH, f"worker {describe_exit(self.worker.exitcode)}"
+                FaultClass.WORKER_CRASH, f"worker {describe_exit(self.worker.exitcode)}"
             )
             self._fail(self._crashed)
             self._control.put_nowait(None)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from steward.errors import ApiError
-from steward.supervisor.faults import OOM, Fault
+from steward.supervisor.faults import Fault, FaultClass
 from steward.supervisor.jobs import Job
 
 MAX_TRACKED = 1024  # struck payloads remembered before expired ones are dropped
@@ -88,7 +88,7 @@ def after_recovery(job: Job, fault: Fault, worker_kept: bool, alone: bool) -> bo
     """Settle the job once the backend is back; True means: replay it."""
     if job.finished or job.cancelled:
         return False
-    if fault.cls == OOM and worker_kept and alone:
+    if fault.cls == FaultClass.OOM and worker_kept and alone:
         job.push(
             ApiError(
                 "insufficient_memory",

@@ -30,10 +30,9 @@ from steward.supervisor.batch import Batch
 from steward.supervisor.events import Observers
 from steward.supervisor.faults import (
     CANARY_DECIDES,
-    CANARY_MISMATCH,
-    OOM,
-    STALL,
     Fault,
+    FaultClass,
+    Outcome,
     classify,
     log_fault,
 )
@@ -360,9 +359,9 @@ class Supervisor:
         if self.batch.running:
             since = max(link.progress, self._busy_since)
             if time.monotonic() - since > timeout:
-                return link.fault(STALL, f"no progress on the batch for {timeout:.0f} s")
+                return link.fault(FaultClass.STALL, f"no progress on the batch for {timeout:.0f} s")
         elif link.silent_for() > timeout:
-            return link.fault(STALL, f"no heartbeat for {timeout:.0f} s while idle")
+            return link.fault(FaultClass.STALL, f"no heartbeat for {timeout:.0f} s while idle")
         return None
 
     # -- faults and recovery ----------------------------------------------------------
@@ -391,20 +390,21 @@ class Supervisor:
                 kept = failed is None
                 verdict = "" if kept else f"canary failed ({failed.cls}); "
             if kept:
-                fault.action = "kept worker (canary passed)"
+                fault.settle(Outcome.KEPT, "kept worker (canary passed)")
             elif self.config.on_fault == "exit":
                 raise Exit(EX_TEMPFAIL, f"{fault.cls} fault and --on-fault exit")
             else:
                 fault.action = verdict + "replacing worker"
                 await self._replace()
-                fault.action = verdict + f"replaced worker (generation {self.generation})"
+                action = verdict + f"replaced worker (generation {self.generation})"
+                fault.settle(Outcome.REPLACED, action)
         except Exit as exc:
-            fault.action = verdict + f"exit {exc.code}"
+            fault.settle(Outcome.EXIT, verdict + f"exit {exc.code}")
             for job in suspects:
                 job.push(self._exiting(fault))
             self._settle(fault)
             raise
-        shrink = fault.cls == OOM and len(suspects) > 1
+        shrink = fault.cls == FaultClass.OOM and len(suspects) > 1
         if shrink:
             self.batch.shrink()
             fault.action += f"; batch limit {self.batch.limit}"
@@ -462,7 +462,7 @@ class Supervisor:
             if failure is not None:
                 raise FaultError(failure)
         except FaultError as err:
-            err.fault.action = "worker discarded (failed to come up)"
+            err.fault.settle(Outcome.DISCARDED, "worker discarded (failed to come up)")
             self._record(err.fault)
             self._settle(err.fault)
             await self._kill_worker()
@@ -486,7 +486,8 @@ class Supervisor:
             log.info("canary golden tokens %s, decode %.1f tok/s", tokens, tps)
         elif tokens != self.golden:
             return self.link.fault(
-                CANARY_MISMATCH, f"canary tokens {list(tokens)} differ from {list(self.golden)}"
+                FaultClass.CANARY_MISMATCH,
+                f"canary tokens {list(tokens)} differ from {list(self.golden)}",
             )
         return None
 

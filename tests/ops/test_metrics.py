@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from steward.ops.metrics import Metrics, action_label
-from steward.supervisor.faults import Fault
+from steward.ops.metrics import Metrics
+from steward.supervisor.faults import Fault, FaultClass, Outcome
 from steward.supervisor.state import State
 from steward.worker.protocol import Done
 
@@ -52,21 +52,6 @@ def done(ttft: float, tps: float) -> Done:
     return Done(1, "stop", 5, 8, ttft, tps)
 
 
-@pytest.mark.parametrize(
-    ("action", "label"),
-    [
-        ("kept worker (canary passed)", "kept_worker"),
-        ("replaced worker (generation 2)", "replaced_worker"),
-        ("canary failed (canary_mismatch); replaced worker (generation 4)", "replaced_worker"),
-        ("exit 75", "exit"),
-        ("canary failed (gpu_error); exit 75", "exit"),
-        ("worker discarded (failed to come up)", "discarded_worker"),
-    ],
-)
-def test_action_labels(action: str, label: str) -> None:
-    assert action_label(action) == label
-
-
 def test_scrape_time_gauges_follow_the_supervisor(supervisor: SimpleNamespace) -> None:
     metrics = Metrics(supervisor)
     samples = scrape(metrics)
@@ -102,9 +87,11 @@ def test_counters_and_histograms(supervisor: SimpleNamespace) -> None:
     metrics.canary_ran(True, 0.1)
     metrics.canary_ran(False, 0.2)
     metrics.request_quarantined()
-    kept = Fault("gpu_timeout", "GPU Timeout", 1, action="kept worker (canary passed)")
+    kept = Fault(FaultClass.GPU_TIMEOUT, "GPU Timeout", 1)
+    kept.settle(Outcome.KEPT, "kept worker (canary passed)")
     kept.recovery_s = 0.3
-    lost = Fault("worker_crash", "killed by SIGSEGV", 2, action="exit 75")
+    lost = Fault(FaultClass.WORKER_CRASH, "killed by SIGSEGV", 2)
+    lost.settle(Outcome.EXIT, "canary failed (worker_crash); exit 75")  # the words never matter
     metrics.fault_settled(kept)
     metrics.fault_settled(lost)
     metrics.request_done(done(0.02, 480.0))
