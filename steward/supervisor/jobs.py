@@ -52,7 +52,7 @@ class Job:
             id=self.id,
             seq=self.seq,
             attempt=self.attempts,
-            resume=self.generated if self.sent else [],
+            resume=list(self.generated) if self.sent else [],
         )
 
     def restart(self) -> None:

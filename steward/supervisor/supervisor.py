@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 from steward.config import ServeConfig
 from steward.errors import ApiError
@@ -65,9 +66,19 @@ class InjectedBug(RuntimeError):
     """`--inject-fault supervisor:...`: stands for a bug in steward's own code."""
 
 
+Spawn = Callable[[WorkerSettings], Awaitable[WorkerLink]]
+
+
 class Supervisor:
-    def __init__(self, config: ServeConfig, source: ModelSource, faults: list[FaultSpec]):
+    def __init__(
+        self,
+        config: ServeConfig,
+        source: ModelSource,
+        faults: list[FaultSpec],
+        spawn: Spawn = WorkerLink.spawn,  # tests of the decisions pass a fake worker line
+    ):
         self.config = config
+        self.spawn = spawn
         self.source = source
         self.fault_specs = faults
         self.state = State.STARTING
@@ -446,7 +457,7 @@ class Supervisor:
             self.config.max_batch,
             self.config.prompt_cache_bytes,
         )
-        self.link = link = await WorkerLink.spawn(settings)
+        self.link = link = await self.spawn(settings)
         log.info("worker %d started (pid %d)", self.generation, link.pid)
         self.events.worker_started(self.generation)
         try:

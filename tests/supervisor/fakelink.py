@@ -1,0 +1,123 @@
+"""A fake worker line for testing the supervisor's decisions in milliseconds.
+
+`FakeLink` has the interface the supervisor and the canary use of `WorkerLink`; a `Script`
+shared by every fake worker (it outlives a replacement, as the backend's behaviour would)
+says what each canary does and which attempts of which request fault, and how. Answers are
+delivered on the event loop, as the real line's reader delivers them: a fault at once, an
+answer a little later, so the requests started together are in flight together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from steward.supervisor.faults import Fault, FaultClass
+from steward.worker.main import WorkerSettings
+from steward.worker.protocol import Cancel, Done, Generate, Ready, Rejected, Token, ToWorker
+
+GOLDEN = (11, 12, 13)
+TOKENS = 4  # a request's answer
+ANSWER_AFTER = 0.02  # seconds
+
+_pids = itertools.count(1000)
+
+
+@dataclass
+class Script:
+    canaries: list[str] = field(default_factory=list)  # "pass" (default), "fail", "mismatch"
+    faults: dict[int, list[FaultClass | None]] = field(default_factory=dict)  # by seq, attempt
+    sent_before_fault: int = 1  # tokens a faulting request emits before the fault
+    links: list[FakeLink] = field(default_factory=list)
+    started: list[Generate] = field(default_factory=list)  # every request sent, in order
+    in_flight: list[int] = field(default_factory=list)  # client requests in flight, per start
+    faulted_at: list[int] = field(default_factory=list)  # len(started) at each fault
+
+    async def spawn(self, settings: WorkerSettings) -> FakeLink:
+        link = FakeLink(self, settings.generation)
+        self.links.append(link)
+        return link
+
+
+class FakeLink:
+    def __init__(self, script: Script, generation: int) -> None:
+        self.script = script
+        self.generation = generation
+        self.pid = next(_pids)
+        self.sinks: dict = {}
+        self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
+        self.heartbeat = self.progress = time.monotonic()
+        self.killed = False
+        self.loop = asyncio.get_running_loop()
+
+    async def loaded(self, timeout: float) -> Ready:
+        return Ready(self.pid, 4096, 16, 32, 0.0)
+
+    def fault(self, cls: str, message: str, traceback: str = "") -> Fault:
+        return Fault(FaultClass(cls), message, self.generation, traceback=traceback)
+
+    def rearm(self) -> None:
+        self.failure = self.loop.create_future()
+
+    def silent_for(self) -> float:
+        return 0.0
+
+    async def kill(self) -> None:
+        self.killed = True
+
+    async def stop(self, timeout: float) -> None:
+        self.killed = True
+
+    def send(self, msg: ToWorker) -> None:
+        if isinstance(msg, Cancel) and (sink := self.sinks.pop(msg.id, None)):
+            self.loop.call_soon(sink[1], Done(msg.id, "cancelled", 3, 0, 0.0, 0.0))
+
+    def start(self, req: Generate, on_token, on_finish) -> None:
+        self.sinks[req.id] = (on_token, on_finish)
+        if req.id < 0:
+            self.loop.call_soon(self._canary, req)
+            return
+        self.script.started.append(req)
+        self.script.in_flight.append(sum(1 for i in self.sinks if i >= 0))
+        plan = self.script.faults.get(req.seq, [])
+        fault = plan[req.attempt - 1] if req.attempt <= len(plan) else None
+        if fault is None:
+            self.loop.call_later(ANSWER_AFTER, self._answer, req, None)
+        else:
+            self.loop.call_soon(self._answer, req, fault)
+
+    def _canary(self, req: Generate) -> None:
+        outcome = self.script.canaries.pop(0) if self.script.canaries else "pass"
+        if outcome == "fail":
+            self._fail(FaultClass.GPU_TIMEOUT)
+            return
+        tokens = GOLDEN if outcome == "pass" else (9, 9, 9)
+        self._emit(req, tokens, Done(req.id, "length", 5, len(tokens), 0.01, 10.0))
+
+    def _answer(self, req: Generate, fault: FaultClass | None) -> None:
+        if req.id not in self.sinks:
+            return
+        done = len(req.resume)
+        if fault is None:
+            tokens = range(100 + done, 100 + TOKENS)
+            batch = sum(1 for i in self.sinks if i >= 0)
+            self._emit(req, tokens, Done(req.id, "length", 3, TOKENS, 0.01, 20.0, batch=batch))
+            return
+        self._emit(req, range(100 + done, 100 + done + self.script.sent_before_fault), None)
+        if fault is not FaultClass.STALL:  # a stall says nothing at all
+            self._fail(fault)
+
+    def _emit(self, req: Generate, tokens, done: Done | Rejected | None) -> None:
+        on_token, on_finish = self.sinks[req.id]
+        for token in tokens:
+            on_token(Token(req.id, token, f" t{token}"))
+        if done is not None:
+            del self.sinks[req.id]
+            on_finish(done)
+
+    def _fail(self, cls: FaultClass) -> None:
+        self.script.faulted_at.append(len(self.script.started))
+        if not self.failure.done():
+            self.failure.set_result(self.fault(cls, f"{cls} [fake]"))

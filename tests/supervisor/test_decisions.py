@@ -1,0 +1,219 @@
+"""The recovery decision table, against a fake worker line, in milliseconds: fault class x
+canary result x recovery budget x alone or batched x streamed and sent -> what becomes of the
+worker and what each client gets. The end-to-end tests beside this one show the same with
+real processes and MLX; these cover every branch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steward.config import ServeConfig
+from steward.errors import ApiError
+from steward.model.resolve import ModelSource
+from steward.supervisor.faults import FaultClass, Outcome
+from steward.supervisor.jobs import Job
+from steward.supervisor.state import State
+from steward.supervisor.supervisor import Supervisor
+from steward.worker.protocol import Done, Generate, Token
+from tests.supervisor.fakelink import TOKENS, Script
+
+SOURCE = ModelSource("gguf", Path("fake.gguf"), "fake")
+C = FaultClass
+
+
+async def until(check: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def start(script: Script, **config: Any) -> Supervisor:
+    settings = {"stall_timeout": 0.3, "queue_timeout": 5.0, **config}
+    supervisor = Supervisor(ServeConfig(**settings), SOURCE, [], spawn=script.spawn)
+    supervisor.start()
+    await until(lambda: supervisor.state.serving)
+    return supervisor
+
+
+def submit(supervisor: Supervisor, i: int, stream: bool = False, digest: str = "") -> Job:
+    request = Generate(id=0, seq=0, attempt=0, max_tokens=TOKENS, prompt=f"prompt {i}")
+    return supervisor.submit(request, 8, f"req-{i}", digest or f"payload-{i}", stream)
+
+
+async def outcome(job: Job) -> tuple[list[int], Done | ApiError]:
+    """What the client got: streamed token ids, then the end."""
+    tokens = []
+    while True:
+        event = await asyncio.wait_for(job.events.get(), 5.0)
+        if isinstance(event, Token):
+            tokens.append(event.token)
+        else:
+            return tokens, event
+
+
+def run(scenario: Callable[[], Any]) -> Any:
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("cls", "canary", "worker", "generation"),
+    [
+        (C.GPU_TIMEOUT, "pass", Outcome.KEPT, 1),
+        (C.GPU_ERROR, "pass", Outcome.KEPT, 1),
+        (C.BACKEND_ERROR, "pass", Outcome.KEPT, 1),
+        (C.GPU_TIMEOUT, "fail", Outcome.REPLACED, 2),
+        (C.GPU_TIMEOUT, "mismatch", Outcome.REPLACED, 2),
+        (C.OOM, "fail", Outcome.REPLACED, 2),
+        (C.WORKER_CRASH, None, Outcome.REPLACED, 2),  # no canary of a dead worker
+        (C.STALL, None, Outcome.REPLACED, 2),
+    ],
+)
+def test_a_fault_alone_is_replayed_on_a_kept_or_new_worker(cls, canary, worker, generation):
+    async def scenario() -> None:
+        script = Script(canaries=["pass"] + ([canary] if canary else []), faults={1: [cls]})
+        supervisor = await start(script)
+        _, end = await outcome(submit(supervisor, 1))
+        assert isinstance(end, Done) and end.completion_tokens == TOKENS  # replayed
+        fault = supervisor.faults[-1]
+        assert (fault.cls, fault.outcome, supervisor.generation) == (cls, worker, generation)
+        assert fault.request_id == "req-1"
+        assert supervisor.state is State.DEGRADED
+
+    run(scenario)
+
+
+def test_an_allocation_failure_alone_that_the_canary_clears_is_507():
+    async def scenario() -> None:
+        supervisor = await start(Script(faults={1: [C.OOM]}))
+        _, end = await outcome(submit(supervisor, 1))
+        assert isinstance(end, ApiError) and end.type == "insufficient_memory"
+        assert supervisor.faults[-1].outcome is Outcome.KEPT
+
+    run(scenario)
+
+
+def test_an_allocation_failure_in_a_batch_halves_it_and_replays_all():
+    async def scenario() -> None:
+        script = Script(faults={2: [C.OOM]})
+        supervisor = await start(script)
+        jobs = [submit(supervisor, i) for i in range(1, 4)]
+        ends = [end for _, end in [await outcome(job) for job in jobs]]
+        assert all(isinstance(end, Done) for end in ends)
+        assert supervisor.batch.limit == 16
+        assert supervisor.faults[-1].outcome is Outcome.KEPT
+
+    run(scenario)
+
+
+def test_suspects_of_a_batch_fault_run_alone_one_at_a_time():
+    async def scenario() -> None:
+        script = Script(faults={2: [C.GPU_TIMEOUT]})
+        supervisor = await start(script)
+        jobs = [submit(supervisor, i) for i in range(1, 5)]
+        ends = [end for _, end in [await outcome(job) for job in jobs]]
+        assert all(isinstance(end, Done) for end in ends)
+        fault = script.faulted_at[0]
+        assert script.in_flight[:fault] == [1, 2, 3, 4]  # a batch of four, then the fault
+        assert script.in_flight[fault:] == [1, 1, 1, 1]  # the four suspects, one at a time
+        assert not supervisor.quarantine.suspect("payload-2")  # finished alone: acquitted
+
+    run(scenario)
+
+
+def test_a_payload_at_its_second_fault_is_quarantined_with_its_twins():
+    async def scenario() -> None:
+        script = Script(faults={1: [C.GPU_TIMEOUT, C.GPU_TIMEOUT]})
+        supervisor = await start(script)
+        _, end = await outcome(submit(supervisor, 1, digest="poison"))
+        assert isinstance(end, ApiError) and end.type == "request_quarantined"
+        with pytest.raises(ApiError) as twin:
+            submit(supervisor, 2, digest="poison")
+        assert twin.value.type == "request_quarantined"
+        assert supervisor.faults_total == 2 and supervisor.generation == 1
+
+    run(scenario)
+
+
+def test_a_poison_stream_is_resumed_once_then_quarantined_and_its_retries_refused():
+    async def scenario() -> None:
+        script = Script(faults={1: [C.GPU_TIMEOUT, C.GPU_TIMEOUT]})
+        supervisor = await start(script)
+        tokens, end = await outcome(submit(supervisor, 1, stream=True, digest="poison"))
+        assert tokens == [100, 101]  # one before each fault: the resume went on from 101
+        assert isinstance(end, ApiError) and end.type == "request_quarantined"
+        with pytest.raises(ApiError) as retry:  # the client retries: a new request
+            submit(supervisor, 2, stream=True, digest="poison")
+        assert retry.value.type == "request_quarantined"
+        assert not supervisor.exit_code.done() and supervisor.state.serving
+
+    run(scenario)
+
+
+def test_a_stream_that_sent_tokens_resumes_after_them():
+    async def scenario() -> None:
+        script = Script(faults={1: [C.WORKER_CRASH]}, sent_before_fault=2)
+        supervisor = await start(script)
+        tokens, end = await outcome(submit(supervisor, 1, stream=True))
+        assert isinstance(end, Done) and end.completion_tokens == TOKENS
+        assert tokens == list(range(100, 100 + TOKENS))  # no gap, no repeat
+        assert script.started[-1].resume == [100, 101]
+
+    run(scenario)
+
+
+def test_a_spent_recovery_budget_exits_75_and_says_so_to_every_client():
+    async def scenario() -> None:
+        script = Script(faults={1: [C.WORKER_CRASH]})
+        supervisor = await start(script, max_restarts=0)
+        job = submit(supervisor, 1)
+        _, end = await outcome(job)
+        assert isinstance(end, ApiError) and end.type == "backend_unavailable"
+        assert await asyncio.wait_for(supervisor.exit_code, 5) == 75
+        assert supervisor.status() is State.FAILED
+        assert supervisor.faults[-1].outcome is Outcome.EXIT
+
+    run(scenario)
+
+
+def test_on_fault_exit_exits_75_when_the_canary_fails():
+    async def scenario() -> None:
+        script = Script(canaries=["pass", "fail"], faults={1: [C.GPU_TIMEOUT]})
+        supervisor = await start(script, on_fault="exit")
+        _, end = await outcome(submit(supervisor, 1))
+        assert isinstance(end, ApiError) and end.type == "backend_unavailable"
+        assert await asyncio.wait_for(supervisor.exit_code, 5) == 75
+
+    run(scenario)
+
+
+def test_a_replacement_that_cannot_pass_its_canary_twice_exits_75():
+    async def scenario() -> None:
+        script = Script(canaries=["pass", "fail", "fail", "fail"], faults={1: [C.GPU_TIMEOUT]})
+        supervisor = await start(script)
+        _, end = await outcome(submit(supervisor, 1))
+        assert isinstance(end, ApiError)
+        assert await asyncio.wait_for(supervisor.exit_code, 5) == 75
+        outcomes = [fault.outcome for fault in supervisor.faults]
+        assert outcomes.count(Outcome.DISCARDED) == 2
+
+    run(scenario)
+
+
+def test_queued_requests_are_untouched_by_a_fault():
+    async def scenario() -> None:
+        script = Script(faults={1: [C.WORKER_CRASH]})
+        supervisor = await start(script, max_batch=1)
+        jobs = [submit(supervisor, i) for i in range(1, 4)]
+        ends = [end for _, end in [await outcome(job) for job in jobs]]
+        assert all(isinstance(end, Done) for end in ends)
+        assert [r.seq for r in script.started] == [1, 1, 2, 3]  # the replay first, in order
+
+    run(scenario)
