@@ -118,6 +118,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "max-batch", int, "requests decoded together (continuous batching)")
     _flag(
         p,
+        "standby",
+        str,
+        "a spare worker for fast recovery: warm (runtime started, no model), hot (model "
+        "loaded, canary passed; twice the model's memory), none",
+        choices=["none", "warm", "hot"],
+    )
+    _flag(
+        p,
         "prompt-cache-bytes",
         byte_size,
         "KV cache kept for prompt prefixes across requests, LRU (0: none)",

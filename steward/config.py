@@ -36,5 +36,6 @@ class ServeConfig:
     max_images: int = 8
     allow_image_urls: bool = False
     max_batch: int = 32
+    standby: str = "warm"  # none, warm (runtime up, no model) or hot (model loaded)
     prompt_cache_bytes: int = 1024 * 1024 * 1024
     inject_fault: list[str] = field(default_factory=list)

@@ -22,6 +22,9 @@ from fastapi.routing import APIRoute
 from steward.errors import ApiError
 
 MAX_DEPTH = 32  # OpenAI bodies nest a handful of levels; JSON schemas (tools) a few more
+# Values in one body: a 2048-message chat is about 10,000; validating far more would hold
+# the event loop (the walk itself runs off it for large bodies).
+MAX_VALUES = 50_000
 OFF_LOOP_BYTES = 256 * 1024
 
 
@@ -81,10 +84,15 @@ def _not_json(name: str) -> None:
 
 
 def check(value: Any) -> None:
-    """Every string encodable as UTF-8, nesting at most `MAX_DEPTH` deep."""
+    """Every string encodable as UTF-8, nesting at most `MAX_DEPTH` deep, at most
+    `MAX_VALUES` values."""
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    seen = 0
     while stack:
         item, path, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise ApiError("validation_error", f"body: more than {MAX_VALUES} JSON values")
         if isinstance(item, str):
             _encodable(item, path)
         elif isinstance(item, dict | list):

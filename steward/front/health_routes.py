@@ -30,7 +30,8 @@ def health_body(supervisor: Supervisor) -> dict[str, Any]:
         "version": __version__,
         "worker": {
             "pid": link.pid if link else None,
-            "generation": supervisor.generation,
+            "generation": link.generation if link else 0,  # which worker serves
+            "started": supervisor.generation,  # workers started so far, spares included
             "alive": bool(link and link.worker.exitcode is None),
             "bring_up_s": round(supervisor.bring_up_seconds, 3),
         },
@@ -40,6 +41,7 @@ def health_body(supervisor: Supervisor) -> dict[str, Any]:
         },
         "restarts_in_window": supervisor.intensity.in_window(),
         "queue_depth": len(supervisor.queue),
+        "standby": supervisor.standby.summary(),
         "in_flight": len(supervisor.batch) + len(supervisor.batch.probation),
         "batch": {
             "size": len(supervisor.batch),

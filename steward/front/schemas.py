@@ -18,6 +18,7 @@ MAX_MESSAGES = 2048
 MAX_STOP = 4
 MAX_STOP_CHARS = 256
 MAX_NAME_CHARS = 256
+MAX_PARTS = 1024  # content parts of one message
 MAX_TOKENS = 2**31 - 1  # the context length bounds it further, once the model is known
 MAX_N = 128
 MAX_LOGIT_BIAS = 300
@@ -52,7 +53,7 @@ Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 class Message(Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[Part] | None = None
+    content: str | Annotated[list[Part], Field(max_length=MAX_PARTS)] | None = None
     name: str | None = Field(None, max_length=MAX_NAME_CHARS)
 
     def text(self) -> str:
@@ -140,11 +141,6 @@ class Sampling(Strict):
         }
 
 
-def blank_free(text: str) -> int:
-    """Characters a tokenizer cannot drop (it may collapse or trim whitespace)."""
-    return len("".join(text.split()))
-
-
 class ResponseFormat(Strict):
     type: Literal["text"]
 
@@ -171,7 +167,7 @@ class ChatRequest(Sampling):
         return {"messages": messages, "max_tokens": limit, **self.sampling()}
 
     def prompt_chars(self) -> int:
-        return sum(blank_free(m.text()) for m in self.messages)
+        return sum(len(m.text()) for m in self.messages)
 
 
 class CompletionRequest(Sampling):
@@ -197,4 +193,4 @@ class CompletionRequest(Sampling):
         return {"prompt": self.text(), "max_tokens": self.max_tokens, **self.sampling()}
 
     def prompt_chars(self) -> int:
-        return blank_free(self.text())
+        return len(self.text())

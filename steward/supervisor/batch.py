@@ -55,8 +55,8 @@ class Batch:
                 job = self.probation.popleft()
                 job.alone = True
                 return job
-            if len(self.running) >= self.limit:
-                return None
+            if len(self.running) >= self.limit or any(j.alone for j in self.running.values()):
+                return None  # full, or a suspect runs alone
             job = queue.pop()
             if job is None:
                 return None

@@ -32,9 +32,16 @@ class Outcome(StrEnum):
     PENDING = "pending"
     KEPT = "kept_worker"  # the canary passed
     REPLACED = "replaced_worker"
+    PROMOTED = "promoted_standby"  # the spare took over
     DISCARDED = "discarded_worker"  # a new worker that could not come up
     EXIT = "exit"
 
+
+# Classes that may be the device's rather than the process's: a hot spare, which shares the
+# device, runs the canary once more before it serves.
+DEVICE_FAULTS = frozenset(
+    {FaultClass.GPU_TIMEOUT, FaultClass.GPU_ERROR, FaultClass.CANARY_MISMATCH}
+)
 
 # Classes whose worker may still be healthy: a canary decides.
 CANARY_DECIDES = frozenset(

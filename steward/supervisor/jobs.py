@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -29,7 +30,7 @@ class Job:
     seq: int
     request_id: str
     digest: str  # hash of model + encoded payload, for quarantine
-    prompt_chars: int = 0  # non-blank characters of the prompt: a cheap context bound
+    prompt_chars: int = 0  # characters of the prompt's text: a cheap context bound
     stream: bool = False
     id: int = field(default_factory=lambda: next(_ids))
     attempts: int = 0
@@ -86,6 +87,9 @@ class JobQueue:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self._items)
 
     def full(self) -> bool:
         return len(self._items) >= self.maxsize

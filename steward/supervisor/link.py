@@ -31,6 +31,7 @@ from steward.worker.protocol import (
     Step,
     Token,
     ToWorker,
+    Warm,
 )
 
 log = logging.getLogger("steward.link")
@@ -53,7 +54,8 @@ class WorkerLink:
         self.sinks: dict[int, tuple[OnToken, OnFinish]] = {}
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
         self._crashed: Fault | None = None
-        self._control: asyncio.Queue[Ready | LoadFailed | None] = asyncio.Queue()
+        self._bug: Exception | None = None
+        self._control: asyncio.Queue[Ready | Warm | LoadFailed | None] = asyncio.Queue()
         self._pump = asyncio.ensure_future(self._read())
 
     @classmethod
@@ -75,21 +77,22 @@ class WorkerLink:
     def rearm(self) -> None:
         """After a fault the worker survived (the canary passed): watch for the next one."""
         self.failure = asyncio.get_running_loop().create_future()
-        if self._crashed is not None:
+        if self._bug is not None:
+            self.failure.set_exception(self._bug)
+        elif self._crashed is not None:
             self.failure.set_result(self._crashed)
 
     def fault(self, cls: str, message: str, traceback: str = "") -> Fault:
         return Fault(cls, message, self.generation, traceback=traceback)
 
-    async def loaded(self, timeout: float) -> Ready | LoadFailed:
-        """The worker's answer to loading the model; FaultError if it died or stalled."""
+    async def loaded(self, timeout: float, what: str = "model load") -> Ready | Warm | LoadFailed:
+        """The worker's word on starting up (a warm spare's, or the model's load);
+        FaultError if it died, or said nothing within `timeout`."""
         try:
             async with asyncio.timeout(timeout):
                 msg = await self._control.get()
         except TimeoutError:
-            stall = self.fault(
-                FaultClass.STALL, f"no progress on the model load for {timeout:.0f} s"
-            )
+            stall = self.fault(FaultClass.STALL, f"no progress on the {what} for {timeout:.0f} s")
             raise FaultError(stall) from None
         if msg is None:
             raise FaultError(await self.failure)
@@ -132,6 +135,7 @@ class WorkerLink:
             self._control.put_nowait(None)
         except Exception as exc:
             log.critical("bug on the worker line", exc_info=True)
+            self._bug = exc  # kept: `rearm` raises it too, so the loop ends (exit 70)
             if not self.failure.done():
                 self.failure.set_exception(exc)
 

@@ -31,6 +31,7 @@ from steward.supervisor.batch import Batch
 from steward.supervisor.events import Observers
 from steward.supervisor.faults import (
     CANARY_DECIDES,
+    DEVICE_FAULTS,
     Fault,
     FaultClass,
     Outcome,
@@ -40,10 +41,20 @@ from steward.supervisor.faults import (
 from steward.supervisor.intensity import RestartIntensity
 from steward.supervisor.jobs import Job, JobQueue
 from steward.supervisor.link import FaultError, WorkerLink
+from steward.supervisor.standby import Standby
 from steward.supervisor.state import State
 from steward.worker.injection import FaultSpec
 from steward.worker.main import WorkerSettings
-from steward.worker.protocol import Cancel, Done, Generate, LoadFailed, Rejected, prompt_text
+from steward.worker.protocol import (
+    Cancel,
+    Done,
+    Generate,
+    Load,
+    LoadFailed,
+    Ready,
+    Rejected,
+    prompt_text,
+)
 
 log = logging.getLogger("steward.supervisor")
 
@@ -98,6 +109,7 @@ class Supervisor:
         self.exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.started_at = time.time()
         self.current: Job | None = None  # being started: a loop-ending bug fails it
+        self.suspects: list[Job] = []  # in flight at the fault being recovered from
         self.link: WorkerLink | None = None
         self.events = Observers()
         self._seq = itertools.count(1)
@@ -108,6 +120,7 @@ class Supervisor:
         self._busy_since = time.monotonic()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.standby = Standby(config.standby, self._spawn_spare, self._canary, config.load_timeout)
 
     # -- the HTTP side ---------------------------------------------------------------
 
@@ -141,9 +154,9 @@ class Supervisor:
 
     def too_long(self, job: Job) -> ApiError | None:
         """A prompt that cannot fit the context, decided without tokenising it: every token
-        stands for at most `max_token_chars` characters, so a prompt of more non-blank
-        characters than `context_length * max_token_chars` cannot fit (known once a worker
-        has loaded the model)."""
+        stands for at most `max_token_chars` characters (whitespace included: the longest
+        tokens are runs of it), so a prompt of more characters than `context_length *
+        max_token_chars` cannot fit (known once a worker has loaded the model)."""
         if self.context_length is None or self.max_token_chars is None:
             return None
         wanted = job.request.max_tokens or 1
@@ -158,7 +171,7 @@ class Supervisor:
         return ApiError(
             "context_length_exceeded",
             f"This model's maximum context length is {self.context_length} tokens; the "
-            f"prompt has {job.prompt_chars} non-blank characters, more than "
+            f"prompt has {job.prompt_chars} characters, more than "
             f"{self.context_length - wanted} tokens can hold.",
         )
 
@@ -237,9 +250,10 @@ class Supervisor:
             self.exit_code.set_result(EX_SOFTWARE)
 
     def _abandon(self) -> list[Job]:
-        """Every job not finished, out of the queue, probation and the batch."""
-        running = list(self.batch.running.values())
+        """Every job not finished: in the batch, under recovery, on probation, queued."""
+        running = [*self.batch.running.values(), *self.suspects]
         self.batch.running.clear()
+        self.suspects = []
         return [*running, *self.batch.waiting(), *self.queue.drain()]
 
     def _ended(self, task: asyncio.Task[None]) -> None:
@@ -269,12 +283,14 @@ class Supervisor:
         for job in self._abandon():
             job.push(self._shutdown())
         self._task.cancel()  # a worker exiting on request is no fault
+        await self.standby.close()
         if self.link is not None:
             await self.link.stop(timeout=5.0)
 
     async def close(self) -> None:
         """Make sure no worker outlives the front's exit."""
         self._task.cancel()
+        await self.standby.close()
         await self._kill_worker()
 
     def _exiting(self, fault: Fault | None) -> ApiError:
@@ -289,7 +305,8 @@ class Supervisor:
         return ApiError("server_shutdown", "The server shut down before answering.", 1)
 
     def _unfinished(self) -> int:
-        return len(self.batch) + len(self.batch.probation) + len(self.queue)
+        jobs = [*self.suspects, *self.batch.probation, *self.queue]
+        return len(self.batch) + sum(not job.finished for job in jobs)
 
     def _dispatch(self) -> None:
         """Start queued jobs while the batch has room."""
@@ -338,13 +355,16 @@ class Supervisor:
             job.push(ApiError(result.type, result.message))
             return
         job.push(result)
+        if result.finish_reason == "cancelled":
+            return
         if job.alone:
             self.quarantine.acquit(job.digest)  # a suspect that finished alone is innocent
         self.events.request_done(result)
         now = time.monotonic()
         self._job_seconds = 0.8 * self._job_seconds + 0.2 * min(now - self._finished_at, 60.0)
         self._finished_at = now
-        if result.batch == 1 and result.completion_tokens >= canary.MAX_TOKENS:
+        whole = job.attempts == 1  # a resumed answer's speed covers only its last part
+        if whole and result.batch == 1 and result.completion_tokens >= canary.MAX_TOKENS:
             self.recent_tps = result.decode_tps  # like with like: alone, as the canary ran
 
     async def _watch(self) -> None:
@@ -381,10 +401,12 @@ class Supervisor:
         """Decide and act: keep the worker (canary passed) or replace it; settle every job
         that was in flight (each a suspect)."""
         assert self.link is not None
-        suspects = list(self.batch.running.values())
+        self.suspects = suspects = list(self.batch.running.values())
         self.batch.running.clear()
         self.link.sinks.clear()
         self.link.rearm()
+        for job in suspects:  # a kept worker may have taken some in after the fault
+            self.link.send(Cancel(job.id))
         if len(suspects) == 1:
             fault.request_id = suspects[0].request_id
         self._record(fault)
@@ -406,9 +428,10 @@ class Supervisor:
                 raise Exit(EX_TEMPFAIL, f"{fault.cls} fault and --on-fault exit")
             else:
                 fault.action = verdict + "replacing worker"
-                await self._replace()
-                action = verdict + f"replaced worker (generation {self.generation})"
-                fault.settle(Outcome.REPLACED, action)
+                outcome = await self._replace(fault)
+                how = "promoted standby" if outcome is Outcome.PROMOTED else "replaced worker"
+                assert self.link is not None
+                fault.settle(outcome, verdict + f"{how} (generation {self.link.generation})")
         except Exit as exc:
             fault.settle(Outcome.EXIT, verdict + f"exit {exc.code}")
             for job in suspects:
@@ -426,12 +449,14 @@ class Supervisor:
                 self.batch.probate(job)  # alone, one at a time: the next fault names its job
         for job in reversed(replays if shrink else []):
             self.queue.put(job, front=True)
+        self.suspects = []
         self._serving()
         fault.recovery_s = round(time.monotonic() - fault.detected, 3)
         self._settle(fault)
 
-    async def _replace(self) -> None:
-        """Kill the worker and start another, within the restart intensity."""
+    async def _replace(self, fault: Fault | None = None) -> Outcome:
+        """Kill the worker and put another in its place, the spare if there is one, within
+        the restart intensity (a promotion counts as a restart)."""
         for _attempt in range(2):
             await self._kill_worker()
             if not self.intensity.allow():
@@ -440,15 +465,15 @@ class Supervisor:
                     f"more than {self.config.max_restarts} restarts in "
                     f"{self.config.restart_window:.0f} s",
                 )
+            if await self._promote(fault):
+                return Outcome.PROMOTED
             if await self._start_worker():
-                return
+                return Outcome.REPLACED
         raise Exit(EX_TEMPFAIL, "a replacement worker failed to come up twice")
 
-    async def _start_worker(self) -> bool:
-        """Spawn, load, canary. False (fault recorded) when this worker cannot serve."""
+    def _settings(self, warm: bool) -> WorkerSettings:
         self.generation += 1
-        self._recovery_since = time.monotonic()
-        settings = WorkerSettings(
+        return WorkerSettings(
             self.source,
             self.generation,
             self.fault_specs,
@@ -456,21 +481,48 @@ class Supervisor:
             self.config.worker_memory_limit,
             self.config.max_batch,
             self.config.prompt_cache_bytes,
+            warm,
         )
-        self.link = link = await self.spawn(settings)
-        log.info("worker %d started (pid %d)", self.generation, link.pid)
-        self.events.worker_started(self.generation)
+
+    async def _spawn_spare(self, warm: bool) -> WorkerLink:
+        return await self.spawn(self._settings(warm))
+
+    async def _start_worker(self) -> bool:
+        """Spawn, load, canary. False (fault recorded) when this worker cannot serve."""
+        self._recovery_since = time.monotonic()
+        self.link = link = await self.spawn(self._settings(warm=False))
+        log.info("worker %d started (pid %d)", link.generation, link.pid)
+        self.events.worker_started(link.generation)
+        return await self._bring_up(link, load=True, canary=True)
+
+    async def _promote(self, fault: Fault | None) -> bool:
+        """The spare serves: a warm one loads the model first; a hot one runs the canary
+        again when the fault may be the device's, which it shares."""
+        spare = await self.standby.take()
+        if spare is None:
+            return False
+        link, warm = spare
+        self.link = link
+        log.info("promoting the %s spare (worker %d)", "warm" if warm else "hot", link.generation)
+        self.events.worker_started(link.generation)
+        if warm:
+            link.send(Load())
+        device = fault is not None and fault.cls in DEVICE_FAULTS
+        return await self._bring_up(link, load=warm, canary=warm or device)
+
+    async def _bring_up(self, link: WorkerLink, load: bool, canary: bool) -> bool:
+        """Its model loaded, its canary passed: False (fault recorded) if it cannot serve."""
         try:
-            msg = await link.loaded(self.config.load_timeout)
-            if isinstance(msg, LoadFailed):
-                if msg.config:
-                    raise Exit(EX_CONFIG, f"model unusable: {msg.message}")
-                raise FaultError(link.fault(classify(msg.message), msg.message, msg.traceback))
-            self.context_length = msg.context_length
-            self.max_token_chars = msg.max_token_chars
-            self.batch.worker_max = msg.max_batch
-            failure = await self._canary()
-            if failure is not None:
+            if load:
+                msg = await link.loaded(self.config.load_timeout)
+                if isinstance(msg, LoadFailed):
+                    if msg.config:
+                        raise Exit(EX_CONFIG, f"model unusable: {msg.message}")
+                    fault = link.fault(classify(msg.message), msg.message, msg.traceback)
+                    raise FaultError(fault)
+                assert isinstance(msg, Ready)
+                self._adopt(msg)
+            if canary and (failure := await self._canary(link)) is not None:
                 raise FaultError(failure)
         except FaultError as err:
             err.fault.settle(Outcome.DISCARDED, "worker discarded (failed to come up)")
@@ -479,15 +531,32 @@ class Supervisor:
             await self._kill_worker()
             return False
         self.bring_up_seconds = time.monotonic() - self._recovery_since
-        log.info("worker %d ready in %.2f s", self.generation, self.bring_up_seconds)
+        log.info("worker %d ready in %.2f s", link.generation, self.bring_up_seconds)
+        self.standby.refill()
         return True
 
-    async def _canary(self) -> Fault | None:
-        """Run the canary on the current worker: None if it passed, else the fault."""
-        assert self.link is not None
+    def _adopt(self, msg: Ready) -> None:
+        """What the worker said of the model: its bounds, and whether two copies fit."""
+        self.context_length = msg.context_length
+        self.max_token_chars = msg.max_token_chars
+        self.batch.worker_max = msg.max_batch
+        if self.standby.mode == "hot" and 2 * msg.model_bytes > 0.9 * msg.memory_bytes:
+            log.warning(
+                "--standby hot needs room for a second copy of the model (%.1f GiB) beside "
+                "this one, in %.1f GiB of device memory: keeping a warm spare instead",
+                msg.model_bytes / 2**30,
+                msg.memory_bytes / 2**30,
+            )
+            self.standby.demote()
+
+    async def _canary(self, link: WorkerLink | None = None) -> Fault | None:
+        """Run the canary on a worker (the serving one by default): None if it passed,
+        else the fault."""
+        link = link or self.link
+        assert link is not None
         started = time.monotonic()
         try:
-            tokens, tps = await canary.run(self.link, self.config.stall_timeout)
+            tokens, tps = await canary.run(link, self.config.stall_timeout)
         except FaultError as err:
             self.events.canary_ran(False, time.monotonic() - started)
             return err.fault
@@ -496,7 +565,7 @@ class Supervisor:
             self.golden, self.baseline_tps = tokens, tps
             log.info("canary golden tokens %s, decode %.1f tok/s", tokens, tps)
         elif tokens != self.golden:
-            return self.link.fault(
+            return link.fault(
                 FaultClass.CANARY_MISMATCH,
                 f"canary tokens {list(tokens)} differ from {list(self.golden)}",
             )

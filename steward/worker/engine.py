@@ -16,6 +16,7 @@ common system prompt) prefills only what is new.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -102,12 +103,13 @@ class Engine:
         marked = prompt_text(req) if backend.injector.specs else ""
         backend.injector.hit("prefill", req.seq, req.attempt, marked)
         tokens = prompt + list(req.resume)  # a resumed answer continues after its tokens
-        cache, rest = self._cached(tokens)
-        cached = min(len(tokens) - len(rest), len(prompt))
+        # The canary always computes afresh: after a fault, it checks the whole path.
+        cache, rest = self._cached(tokens) if req.id >= 0 else (None, tokens)
+        held = len(tokens) - len(rest)  # tokens whose KV came from the prompt cache
         member = Member(
             req,
             len(prompt),
-            cached,
+            min(held, len(prompt)),  # what usage reports: of the prompt
             backend.tokenizer.detokenizer,
             StopMatcher(req.stop),
             time.perf_counter(),
@@ -122,9 +124,9 @@ class Engine:
         if max_tokens < 1:  # the fault struck after the last token: nothing is left to do
             self.finished.append(self._done(member, "length"))
             return None
-        draw = sampler(req.temperature, req.top_p, req.seed)
+        draw = sampler(req.temperature, req.top_p, req.seed, position=len(req.resume))
         if self.solo is None and not self.members:
-            solo = Solo(backend.model, tokens, cache, cached, draw, max_tokens, PREFILL_STEP)
+            solo = Solo(backend.model, tokens, cache, held, draw, max_tokens, PREFILL_STEP)
             self.solo = (member, solo)
             return None
         self._handover()
@@ -132,7 +134,7 @@ class Engine:
             [rest],
             max_tokens=[max_tokens],
             caches=[cache],
-            all_tokens=[tokens[:cached]],
+            all_tokens=[tokens[:held]],
             samplers=[draw],
         )
         self.members[uid] = member
@@ -177,8 +179,11 @@ class Engine:
         self.members.clear()
         self.uids.clear()
         self.finished.clear()
-        self.generator.close()
+        with contextlib.suppress(Exception):  # a broken device may fail this too
+            self.generator.close()
         self.generator = self._generator()
+        if self.cache is not None:  # KV computed around a fault is not to be trusted
+            self.cache = LRUPromptCache(CACHE_ENTRIES, self.cache.max_bytes)
         return ids
 
     def _advance(self, member: Member, out: Any, now: float, tokens: list[Token]) -> str | None:

@@ -32,11 +32,13 @@ from steward.worker.protocol import (
     FromWorker,
     Generate,
     Heartbeat,
+    Load,
     LoadFailed,
     Ready,
     Shutdown,
     Step,
     ToWorker,
+    Warm,
     decode_to_worker,
     encode,
 )
@@ -60,6 +62,7 @@ class WorkerSettings:
     memory_limit: int | None = None
     max_batch: int = 32
     prompt_cache_bytes: int = 0
+    warm: bool = False  # a warm spare: start the runtime, load the model only when told
 
 
 def run(sock: socket.socket, settings: WorkerSettings) -> None:
@@ -73,6 +76,8 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         channel.send(encode(msg))
 
     threading.Thread(target=_beat, args=(send,), daemon=True, name="heartbeat").start()
+    if settings.warm and not _wait_warm(channel, send):
+        return
     started = time.perf_counter()
     try:
         backend = load_backend(settings.source, Injector(settings.faults, settings.generation))
@@ -90,6 +95,7 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
             backend.max_token_chars,
             1 if vision else settings.max_batch,
             time.perf_counter() - started,
+            *_memory(),
         )
     )
     inbox: queue.SimpleQueue[ToWorker | None] = queue.SimpleQueue()
@@ -116,7 +122,12 @@ def _serve_batched(
             if msg is None or isinstance(msg, Shutdown):
                 return
             if isinstance(msg, Cancel):
-                engine.cancel(msg.id)
+                try:
+                    engine.cancel(msg.id)
+                except Exception as exc:
+                    send(_failed(engine.drop_all(), exc))
+                continue
+            if not isinstance(msg, Generate):
                 continue
             try:
                 rejected = engine.add(msg)
@@ -165,6 +176,30 @@ def _take(inbox: queue.SimpleQueue[ToWorker | None], wait: bool) -> list[ToWorke
 
 def _failed(ids: list[int], exc: Exception) -> Failed:
     return Failed(ids, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def _wait_warm(channel: BlockingChannel, send: Callable[[FromWorker], None]) -> bool:
+    """A warm spare: pay for the runtime and the device now, then wait to be promoted.
+    False if told to stop instead."""
+    with _file_limit_kept():
+        import mlx.core as mx
+        import mlx_lm  # noqa: F401  (its import is most of a worker's start-up)
+
+        mx.eval(mx.zeros(1))  # the device's context and allocator
+    send(Warm(os.getpid()))
+    try:
+        return isinstance(decode_to_worker(channel.recv()), Load)
+    except EOFError:
+        return False
+
+
+def _memory() -> tuple[int, int]:
+    """(bytes the loaded model takes, the device's bytes): can a second copy fit?"""
+    import mlx.core as mx
+
+    device = mx.device_info().get("memory_size")
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return mx.get_active_memory(), int(device or machine)
 
 
 def load_backend(source: ModelSource, injector: Injector) -> Backend | VisionBackend:

@@ -50,6 +50,10 @@ class Shutdown(_Msg):
     """Finish nothing more; exit."""
 
 
+class Load(_Msg):
+    """A warm spare is promoted: load the model now."""
+
+
 # worker -> front
 
 
@@ -63,6 +67,14 @@ class Ready(_Msg):
     max_token_chars: int
     max_batch: int
     load_seconds: float
+    model_bytes: int = 0  # the device memory the loaded model takes
+    memory_bytes: int = 0  # the device's memory (the machine's, where it has none apart)
+
+
+class Warm(_Msg):
+    """A warm spare: runtime imported, device initialised, waiting for `Load`."""
+
+    pid: int
 
 
 class LoadFailed(_Msg):
@@ -130,8 +142,8 @@ def prompt_text(req: Generate) -> str:
     return (req.prompt or "") if req.messages is None else json.dumps(req.messages)
 
 
-ToWorker = Generate | Cancel | Shutdown
-FromWorker = Ready | LoadFailed | Heartbeat | Step | Rejected | Failed
+ToWorker = Generate | Cancel | Shutdown | Load
+FromWorker = Ready | Warm | LoadFailed | Heartbeat | Step | Rejected | Failed
 
 encode = msgspec.msgpack.Encoder().encode
 decode_to_worker = msgspec.msgpack.Decoder(ToWorker).decode

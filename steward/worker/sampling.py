@@ -23,12 +23,15 @@ def _shared(temperature: float, top_p: float) -> Sampler:
     return make_sampler(temperature, top_p)
 
 
+GREEDY_BELOW = 1e-5  # temperatures this low are argmax (dividing by them overflows)
+
+
 class Seeded:
-    def __init__(self, temperature: float, top_p: float, seed: int) -> None:
+    def __init__(self, temperature: float, top_p: float, seed: int, position: int = 0) -> None:
         self.scale = 1.0 / temperature
         self.top_p = top_p
         self.seed = seed
-        self.position = 0  # the token this call samples
+        self.position = position  # the token this call samples
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         key = mx.random.key((self.seed * 1_000_003 + self.position) % 2**64)
@@ -42,9 +45,10 @@ class Seeded:
         self.position -= tokens
 
 
-def sampler(temperature: float, top_p: float, seed: int | None) -> Sampler:
-    if temperature == 0.0:
+def sampler(temperature: float, top_p: float, seed: int | None, position: int = 0) -> Sampler:
+    """`position`: the answer's first token to draw (a resumed answer's is not 0)."""
+    if temperature < GREEDY_BELOW:
         return greedy_sampler
     if seed is None:
         return _shared(temperature, top_p)
-    return Seeded(temperature, top_p, seed)
+    return Seeded(temperature, top_p, seed, position)

@@ -16,7 +16,17 @@ from dataclasses import dataclass, field
 
 from steward.supervisor.faults import Fault, FaultClass
 from steward.worker.main import WorkerSettings
-from steward.worker.protocol import Cancel, Done, Generate, Ready, Rejected, Token, ToWorker
+from steward.worker.protocol import (
+    Cancel,
+    Done,
+    Generate,
+    Load,
+    Ready,
+    Rejected,
+    Token,
+    ToWorker,
+    Warm,
+)
 
 GOLDEN = (11, 12, 13)
 TOKENS = 4  # a request's answer
@@ -30,21 +40,25 @@ class Script:
     canaries: list[str] = field(default_factory=list)  # "pass" (default), "fail", "mismatch"
     faults: dict[int, list[FaultClass | None]] = field(default_factory=dict)  # by seq, attempt
     sent_before_fault: int = 1  # tokens a faulting request emits before the fault
+    model_bytes: int = 2**30
+    memory_bytes: int = 24 * 2**30
     links: list[FakeLink] = field(default_factory=list)
     started: list[Generate] = field(default_factory=list)  # every request sent, in order
     in_flight: list[int] = field(default_factory=list)  # client requests in flight, per start
     faulted_at: list[int] = field(default_factory=list)  # len(started) at each fault
 
     async def spawn(self, settings: WorkerSettings) -> FakeLink:
-        link = FakeLink(self, settings.generation)
+        link = FakeLink(self, settings.generation, settings.warm)
         self.links.append(link)
         return link
 
 
 class FakeLink:
-    def __init__(self, script: Script, generation: int) -> None:
+    def __init__(self, script: Script, generation: int, warm: bool = False) -> None:
         self.script = script
         self.generation = generation
+        self.warm = warm  # a warm spare: answers `Warm` until told to `Load`
+        self.canaries: list[str] = []  # the canaries it ran
         self.pid = next(_pids)
         self.sinks: dict = {}
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
@@ -52,8 +66,11 @@ class FakeLink:
         self.killed = False
         self.loop = asyncio.get_running_loop()
 
-    async def loaded(self, timeout: float) -> Ready:
-        return Ready(self.pid, 4096, 16, 32, 0.0)
+    async def loaded(self, timeout: float, what: str = "") -> Ready | Warm:
+        if self.warm:
+            return Warm(self.pid)
+        s = self.script
+        return Ready(self.pid, 4096, 16, 32, 0.0, s.model_bytes, s.memory_bytes)
 
     def fault(self, cls: str, message: str, traceback: str = "") -> Fault:
         return Fault(FaultClass(cls), message, self.generation, traceback=traceback)
@@ -71,6 +88,8 @@ class FakeLink:
         self.killed = True
 
     def send(self, msg: ToWorker) -> None:
+        if isinstance(msg, Load):
+            self.warm = False
         if isinstance(msg, Cancel) and (sink := self.sinks.pop(msg.id, None)):
             self.loop.call_soon(sink[1], Done(msg.id, "cancelled", 3, 0, 0.0, 0.0))
 
@@ -90,6 +109,7 @@ class FakeLink:
 
     def _canary(self, req: Generate) -> None:
         outcome = self.script.canaries.pop(0) if self.script.canaries else "pass"
+        self.canaries.append(outcome)
         if outcome == "fail":
             self._fail(FaultClass.GPU_TIMEOUT)
             return

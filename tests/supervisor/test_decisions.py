@@ -36,7 +36,7 @@ async def until(check: Callable[[], bool], within: float = 5.0) -> None:
 
 
 async def start(script: Script, **config: Any) -> Supervisor:
-    settings = {"stall_timeout": 0.3, "queue_timeout": 5.0, **config}
+    settings = {"stall_timeout": 0.3, "queue_timeout": 5.0, "standby": "none", **config}
     supervisor = Supervisor(ServeConfig(**settings), SOURCE, [], spawn=script.spawn)
     supervisor.start()
     await until(lambda: supervisor.state.serving)
@@ -83,7 +83,7 @@ def test_a_fault_alone_is_replayed_on_a_kept_or_new_worker(cls, canary, worker, 
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, Done) and end.completion_tokens == TOKENS  # replayed
         fault = supervisor.faults[-1]
-        assert (fault.cls, fault.outcome, supervisor.generation) == (cls, worker, generation)
+        assert (fault.cls, fault.outcome, supervisor.link.generation) == (cls, worker, generation)
         assert fault.request_id == "req-1"
         assert supervisor.state is State.DEGRADED
 
@@ -137,7 +137,7 @@ def test_a_payload_at_its_second_fault_is_quarantined_with_its_twins():
         with pytest.raises(ApiError) as twin:
             submit(supervisor, 2, digest="poison")
         assert twin.value.type == "request_quarantined"
-        assert supervisor.faults_total == 2 and supervisor.generation == 1
+        assert supervisor.faults_total == 2 and supervisor.link.generation == 1
 
     run(scenario)
 
@@ -215,5 +215,77 @@ def test_queued_requests_are_untouched_by_a_fault():
         ends = [end for _, end in [await outcome(job) for job in jobs]]
         assert all(isinstance(end, Done) for end in ends)
         assert [r.seq for r in script.started] == [1, 1, 2, 3]  # the replay first, in order
+
+    run(scenario)
+
+
+# -- the spare (--standby) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "canaries"), [("warm", 2), ("hot", 3)])
+def test_a_crash_promotes_the_spare_and_a_new_one_starts_behind(mode, canaries):
+    async def scenario() -> None:
+        script = Script(faults={1: [C.WORKER_CRASH]})
+        supervisor = await start(script, standby=mode)
+        await until(lambda: supervisor.standby.state == "ready")
+        spare = supervisor.standby.link
+        _, end = await outcome(submit(supervisor, 1))
+        assert isinstance(end, Done)
+        assert supervisor.link is spare and supervisor.faults[-1].outcome is Outcome.PROMOTED
+        assert "promoted standby" in supervisor.faults[-1].action
+        await until(lambda: supervisor.standby.state == "ready")  # a new one behind it
+        assert supervisor.standby.link is not spare
+        # warm: the first worker's and the promoted spare's once loaded; hot: the first
+        # worker's and each spare's at its start (a crash is no device fault: no more)
+        assert sum(len(link.canaries) for link in script.links) == canaries
+
+    run(scenario)
+
+
+def test_a_hot_spare_runs_the_canary_again_after_a_device_fault():
+    async def scenario() -> None:
+        script = Script(canaries=["pass", "pass", "fail"], faults={1: [C.GPU_TIMEOUT]})
+        supervisor = await start(script, standby="hot")
+        await until(lambda: supervisor.standby.state == "ready")
+        spare = supervisor.standby.link
+        _, end = await outcome(submit(supervisor, 1))
+        assert isinstance(end, Done)
+        assert supervisor.link is spare
+        assert len(spare.canaries) == 2  # at its start, and before serving after gpu_timeout
+
+    run(scenario)
+
+
+def test_hot_falls_back_to_warm_when_two_copies_do_not_fit():
+    async def scenario() -> None:
+        script = Script(model_bytes=60 * 2**30, memory_bytes=100 * 2**30)
+        supervisor = await start(script, standby="hot")
+        assert supervisor.standby.mode == "warm"
+        await until(lambda: supervisor.standby.state == "ready")
+        assert script.links[-1].warm  # the spare holds no model
+
+    run(scenario)
+
+
+def test_a_promotion_counts_against_the_restart_budget():
+    async def scenario() -> None:
+        script = Script(faults={1: [C.WORKER_CRASH]})
+        supervisor = await start(script, standby="hot", max_restarts=0)
+        await until(lambda: supervisor.standby.state == "ready")
+        _, end = await outcome(submit(supervisor, 1))
+        assert isinstance(end, ApiError) and end.type == "backend_unavailable"
+        assert await asyncio.wait_for(supervisor.exit_code, 5) == 75
+
+    run(scenario)
+
+
+def test_a_spare_that_fails_is_never_shown_to_clients():
+    async def scenario() -> None:
+        script = Script(canaries=["pass", "mismatch", "mismatch", "mismatch"])
+        supervisor = await start(script, standby="hot")
+        await until(lambda: supervisor.standby.state == "failed")
+        _, end = await outcome(submit(supervisor, 1))
+        assert isinstance(end, Done)
+        assert supervisor.faults_total == 0 and supervisor.state is State.READY
 
     run(scenario)

@@ -1,0 +1,107 @@
+"""The spare worker (`--standby`): recovery faster than any restart.
+
+`warm`: a process that has imported the runtime and initialised the device, with no model;
+promoting it costs the model load and the canary. `hot`: the spare has loaded the model and
+passed the canary; promoting it is a swap. The spare starts only once a worker serves (it
+never competes with a load that clients wait for) and again behind each promotion. Its own
+faults are logged, never shown to clients; after three in a row it is given up until the
+next promotion. It dies with the front like any worker (the same lifeline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from steward.supervisor.faults import Fault
+from steward.supervisor.link import FaultError, WorkerLink
+from steward.worker.protocol import LoadFailed, Ready, Warm
+
+log = logging.getLogger("steward.standby")
+
+MODES = ("none", "warm", "hot")
+GIVE_UP = 3  # failed spares in a row
+BACKOFF = 5.0  # seconds before another try, times the failures so far
+
+Spawn = Callable[[bool], Awaitable[WorkerLink]]  # warm -> a new spare's line
+Check = Callable[[WorkerLink], Awaitable[Fault | None]]  # the canary against golden tokens
+
+
+class Standby:
+    def __init__(self, mode: str, spawn: Spawn, check: Check, load_timeout: float) -> None:
+        self.mode = mode
+        self.link: WorkerLink | None = None
+        self.warm = False  # the spare in `link` has no model yet
+        self.state: str | None = None  # starting, ready, failed; None without a spare
+        self._spawn = spawn
+        self._check = check
+        self._load_timeout = load_timeout
+        self._task: asyncio.Task[None] | None = None
+        self._settled = asyncio.Event()  # the spare starting now is ready, or failed
+        self._failures = 0
+
+    def summary(self) -> dict[str, object]:
+        return {"mode": self.mode, "state": self.state, "pid": self.link.pid if self.link else None}
+
+    def refill(self) -> None:
+        """Start a spare unless one is there or on its way."""
+        if self.mode == "none" or self.link is not None or self._failures >= GIVE_UP:
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._bring_up())
+
+    def demote(self) -> None:
+        """Two copies of the model do not fit: keep a warm spare instead of a hot one."""
+        self.mode = "warm"
+
+    async def take(self) -> tuple[WorkerLink, bool] | None:
+        """The spare ready to be promoted, and whether it is warm (waiting for one still
+        starting), or None."""
+        if self.state == "starting":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), self._load_timeout)
+        if self.state != "ready" or self.link is None or self.link.failure.done():
+            return None
+        if self._task is not None:
+            self._task.cancel()  # it watches this spare, which is the serving worker now
+            self._task = None
+        link, self.link, self.state = self.link, None, None
+        self._failures = 0
+        return link, self.warm
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self.link is not None:
+            await self.link.kill()
+
+    async def _bring_up(self) -> None:
+        """Start a spare, then watch it while it waits: a spare that dies is replaced."""
+        while self._failures < GIVE_UP:
+            self.state = "starting"
+            self._settled.clear()
+            try:
+                self.warm = self.mode == "warm"
+                self.link = link = await self._spawn(self.warm)
+                msg = await link.loaded(self._load_timeout, "spare's start")
+                if isinstance(msg, LoadFailed):
+                    raise FaultError(link.fault("backend_error", msg.message, msg.traceback))
+                if isinstance(msg, Ready) and (fault := await self._check(link)) is not None:
+                    raise FaultError(fault)
+                assert isinstance(msg, Warm | Ready)
+                self.state = "ready"
+                self._settled.set()
+                log.info("standby %s spare ready (pid %d)", self.mode, link.pid)
+                # shielded: cancelling this watch at promotion must not cancel the future
+                # that the supervision loop watches from then on
+                raise FaultError(await asyncio.shield(link.failure))
+            except FaultError as err:
+                self._failures += 1
+                log.warning("standby spare failed (%s): %s", err.fault.cls, err.fault.message)
+                if self.link is not None:
+                    await self.link.kill()
+                self.link, self.state = None, "failed"
+                self._settled.set()
+                await asyncio.sleep(BACKOFF * self._failures)
