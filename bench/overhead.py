@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -65,8 +66,10 @@ def measure(started: float, times: list[float]) -> tuple[float, float, int]:
     return ttft, decode, len(times)
 
 
-def start_server(model: Path | None, args: list[str] = ()) -> tuple[subprocess.Popen, str]:
-    """A real `steward serve` on a free port, once it is ready."""
+def start_server(
+    model: Path | None, args: list[str] = (), stderr: IO[str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """A real `steward serve` on a free port, once it is ready (its log to `stderr`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -85,6 +88,7 @@ def start_server(model: Path | None, args: list[str] = ()) -> tuple[subprocess.P
             *args,
         ],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stderr=stderr,
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(6000):

@@ -78,9 +78,9 @@ class Metrics(Observer):
         state = Gauge("steward_state", "1 for the current state, else 0", ["state"], registry=r)
         for s in State:
             state.labels(s.value).set_function(lambda s=s: float(supervisor.status() == s))
-        Gauge("steward_worker_generation", "Workers started so far", registry=r).set_function(
-            lambda: supervisor.generation
-        )
+        Gauge(
+            "steward_worker_generation", "The serving worker's number, in start order", registry=r
+        ).set_function(lambda: supervisor.link.generation if supervisor.link else 0)
         Gauge("steward_queue_depth", "Requests waiting", registry=r).set_function(
             lambda: len(supervisor.queue)
         )

@@ -44,6 +44,7 @@ class Job:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     text: list[str] = field(default_factory=list)  # the answer so far
     generated: list[int] = field(default_factory=list)  # its token ids
+    armed: list[int] = field(default_factory=list)  # periodic fault injection (SPEC §6)
 
     def message(self) -> Generate:
         """What the worker gets; a stream the client already reads resumes after the
@@ -54,6 +55,7 @@ class Job:
             seq=self.seq,
             attempt=self.attempts,
             resume=list(self.generated) if self.sent else [],
+            armed=self.armed,
         )
 
     def restart(self) -> None:

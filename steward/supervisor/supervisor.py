@@ -43,7 +43,7 @@ from steward.supervisor.jobs import Job, JobQueue
 from steward.supervisor.link import FaultError, WorkerLink
 from steward.supervisor.standby import Standby
 from steward.supervisor.state import State
-from steward.worker.injection import FaultSpec
+from steward.worker.injection import FaultSpec, Periods
 from steward.worker.main import WorkerSettings
 from steward.worker.protocol import (
     Cancel,
@@ -92,6 +92,7 @@ class Supervisor:
         self.spawn = spawn
         self.source = source
         self.fault_specs = faults
+        self.periods = Periods(faults)
         self.state = State.STARTING
         self.queue = JobQueue(config.queue_size)
         self.batch = Batch(config.max_batch, config.restart_window)
@@ -326,6 +327,8 @@ class Supervisor:
                 job.push(error)
                 return
             self._inject(job, "raise")
+            if job.attempts == 0:
+                job.armed = self.periods.arm()
             job.restart()
             job.running = True
             if not self.batch.running:

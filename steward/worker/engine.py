@@ -101,7 +101,7 @@ class Engine:
         if rejected := over_context(req, backend.context_length, len(prompt)):
             return rejected
         marked = prompt_text(req) if backend.injector.specs else ""
-        backend.injector.hit("prefill", req.seq, req.attempt, marked)
+        backend.injector.hit("prefill", req.seq, req.attempt, marked, req.armed)
         tokens = prompt + list(req.resume)  # a resumed answer continues after its tokens
         # The canary always computes afresh: after a fault, it checks the whole path.
         cache, rest = self._cached(tokens) if req.id >= 0 else (None, tokens)
@@ -195,7 +195,7 @@ class Engine:
             member.count += 1
             member.first = member.first or now
             if member.count > 1:  # not its first token
-                self.backend.injector.hit("decode", req.seq, req.attempt, member.marked)
+                self.backend.injector.hit("decode", req.seq, req.attempt, member.marked, req.armed)
             member.detokenizer.add_token(out.token)
         if out.finish_reason:
             member.detokenizer.finalize()

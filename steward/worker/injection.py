@@ -7,6 +7,7 @@ faults exactly as it would see real ones; nothing here tells the supervisor "inj
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -35,10 +36,12 @@ class FaultSpec:
     seconds: float = 0.0
     nth: int | None = 1
     marker: str | None = None
+    period: float | None = None  # seconds: a chaos schedule (bench/soak.py)
+    offset: float = 0.0  # seconds before the first period's request
 
     @property
     def every(self) -> bool:
-        return self.nth is None and self.marker is None
+        return self.nth is None and self.marker is None and self.period is None
 
     def matches(self, seq: int, attempt: int, prompt: str, generation: int) -> bool:
         """`nth` counts requests the server received (the front numbers them, across
@@ -76,12 +79,40 @@ def parse(text: str) -> FaultSpec:
         return FaultSpec(point, name, seconds, nth=int(value))
     if key == "marker" and value and point != "load":
         return FaultSpec(point, name, seconds, nth=None, marker=value)
-    raise ValueError(f"fault spec {text!r}: trigger must be nth=N, every or marker=TEXT")
+    if key == "period" and point not in ("load", "supervisor"):
+        period, _, offset = value.partition("+")
+        with contextlib.suppress(ValueError):
+            if float(period) > 0 and float(offset or 0) >= 0:
+                return FaultSpec(
+                    point, name, seconds, None, None, float(period), float(offset or 0)
+                )
+    raise ValueError(
+        f"fault spec {text!r}: trigger must be nth=N, every, marker=TEXT or period=S[+OFFSET]"
+    )
 
 
 def parse_all(texts: list[str]) -> list[FaultSpec]:
     """Each text may hold several specs separated by ';' (as STEWARD_INJECT_FAULT does)."""
     return [parse(t) for text in texts for t in text.split(";") if t.strip()]
+
+
+class Periods:
+    """`period=S[+OFFSET]` triggers, decided in the front, which sees every request across
+    workers: a spec arms the first request started once its time has come (OFFSET s after
+    the start, then every S s), and fires on that request's first attempt."""
+
+    def __init__(self, specs: list[FaultSpec]) -> None:
+        now = time.monotonic()
+        self.specs = specs
+        self.due = {i: now + s.offset for i, s in enumerate(specs) if s.period is not None}
+
+    def arm(self) -> list[int]:
+        """The specs (their indices) that fire on the request being started now."""
+        now = time.monotonic()
+        armed = [i for i, due in self.due.items() if now >= due]
+        for i in armed:
+            self.due[i] = now + (self.specs[i].period or 0.0)
+        return armed
 
 
 class Injector:
@@ -92,11 +123,18 @@ class Injector:
         self.generation = generation
         self.poisoned = False
 
-    def hit(self, point: str, seq: int = 0, attempt: int = 1, prompt: str = "") -> None:
+    def hit(
+        self, point: str, seq: int = 0, attempt: int = 1, prompt: str = "", armed: list[int] = ()
+    ) -> None:
         if self.poisoned:
             raise RuntimeError(GPU_TIMEOUT)
-        for spec in self.specs:
-            if spec.point == point and spec.matches(seq, attempt, prompt, self.generation):
+        for i, spec in enumerate(self.specs):
+            if spec.point != point:
+                continue
+            if spec.period is not None:
+                if i in armed and attempt == 1:
+                    self._act(spec)
+            elif spec.matches(seq, attempt, prompt, self.generation):
                 self._act(spec)
 
     def _act(self, spec: FaultSpec) -> None:

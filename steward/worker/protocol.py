@@ -38,6 +38,7 @@ class Generate(_Msg):
     seed: int | None = None
     images: list[bytes] = []  # encoded, validated and downscaled by the front, in part order
     resume: list[int] = []  # after a fault: the answer's tokens the client already has
+    armed: list[int] = []  # fault-injection specs with a period that fire on this request
 
 
 class Cancel(_Msg):

@@ -152,7 +152,7 @@ class VisionBackend:
             return rejected
         room = self.context_length - inputs.prompt_tokens
         emit(Step(prefilled=[req.id]))  # preprocessing done: a slow image is not a stall
-        self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req))
+        self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req), req.armed)
         outputs = stream_generate(
             self.model,
             self.processor,
@@ -202,7 +202,7 @@ def relay(
         if step == 0:
             first = time.perf_counter()
         elif real:
-            injector.hit("decode", req.seq, req.attempt, text)
+            injector.hit("decode", req.seq, req.attempt, text, req.armed)
         count += real
         piece, stopped = stops.feed(out.text)
         if stopped or out.finish_reason:

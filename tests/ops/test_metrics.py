@@ -25,7 +25,7 @@ def supervisor() -> SimpleNamespace:
     fake = SimpleNamespace(
         state=State.STARTING,
         queue=[],
-        generation=1,
+        link=SimpleNamespace(generation=1),
         intensity=SimpleNamespace(in_window=lambda: 0),
         batch=FakeBatch(),
     )
@@ -63,7 +63,8 @@ def test_scrape_time_gauges_follow_the_supervisor(supervisor: SimpleNamespace) -
     assert value(samples, "steward_worker_generation") == 1
     assert value(samples, "steward_restarts_in_window") == 0
 
-    supervisor.state, supervisor.queue, supervisor.generation = State.RECOVERING, [1, 2, 3], 3
+    supervisor.state, supervisor.queue = State.RECOVERING, [1, 2, 3]
+    supervisor.link.generation = 3
     supervisor.intensity.in_window = lambda: 2
     samples = scrape(metrics)
     assert value(samples, "steward_state", state="recovering") == 1

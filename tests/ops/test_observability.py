@@ -43,7 +43,7 @@ def test_metrics_and_access_logs_after_a_fault(serve, tiny_model) -> None:
     assert m[("steward_requests_total", (("route", chat), ("status", "404")))] == 1
     assert m[("steward_errors_total", (("type", "model_not_found"),))] == 1
     assert (
-        m[("steward_faults_total", (("action", "replaced_worker"), ("class", "gpu_timeout")))] == 1
+        m[("steward_faults_total", (("action", "promoted_standby"), ("class", "gpu_timeout")))] == 1
     )
     assert m[("steward_worker_restarts_total", ())] == 1
     assert m[("steward_worker_generation", ())] == 2

@@ -6,7 +6,15 @@ import pytest
 
 from steward.supervisor.faults import classify, describe_exit
 from steward.supervisor.intensity import RestartIntensity
-from steward.worker.injection import GPU_TIMEOUT, OUT_OF_MEMORY, FaultSpec, parse, parse_all
+from steward.worker.injection import (
+    GPU_TIMEOUT,
+    OUT_OF_MEMORY,
+    FaultSpec,
+    Injector,
+    Periods,
+    parse,
+    parse_all,
+)
 
 
 @pytest.mark.parametrize(
@@ -64,6 +72,8 @@ def test_describe_exit() -> None:
         ("prefill:raise:marker=BOOM", FaultSpec("prefill", "raise", nth=None, marker="BOOM")),
         ("decode:slow=0.5", FaultSpec("decode", "slow", 0.5, nth=1)),
         ("prefill:crash", FaultSpec("prefill", "crash", nth=1)),
+        ("decode:hang:period=100+40", FaultSpec("decode", "hang", 0, None, None, 100.0, 40.0)),
+        ("supervisor:crash:nth=2", FaultSpec("supervisor", "crash", nth=2)),
     ],
 )
 def test_parse(text: str, spec: FaultSpec) -> None:
@@ -81,11 +91,34 @@ def test_parse(text: str, spec: FaultSpec) -> None:
         "decode:raise:sometimes",
         "load:raise:marker=X",
         "decode:raise:marker=",
+        "load:raise:period=10",
+        "decode:raise:period=0",
+        "decode:raise:period=5+x",
+        "supervisor:hang",
     ],
 )
 def test_parse_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="fault spec"):
         parse(text)
+
+
+def test_periods_arm_one_request_per_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("steward.worker.injection.time.monotonic", lambda: clock[0])
+    periods = Periods(parse_all(["decode:raise:period=100+20;decode:crash:period=100+40"]))
+    seen = []
+    for now in (1010, 1021, 1022, 1041, 1100, 1121, 1141):
+        clock[0] = now
+        seen.append(periods.arm())
+    assert seen == [[], [0], [], [1], [], [0], [1]]
+
+
+def test_an_armed_spec_fires_on_its_first_attempt_only() -> None:
+    injector = Injector(parse_all(["decode:raise:period=60"]), generation=1)
+    injector.hit("decode", seq=5, attempt=1, armed=[])  # not armed: nothing
+    injector.hit("decode", seq=5, attempt=2, armed=[0])  # the replay: nothing
+    with pytest.raises(RuntimeError, match="GPU Timeout"):
+        injector.hit("decode", seq=5, attempt=1, armed=[0])
 
 
 def test_parse_all_splits_on_semicolons() -> None:

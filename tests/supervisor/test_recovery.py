@@ -97,7 +97,7 @@ def test_field_report_scenario_recovers_with_zero_failures(serve, tiny_model) ->
     assert health["worker"]["generation"] == 2
     assert health["faults"]["total"] == 1
     assert health["faults"]["last"]["class"] == "gpu_timeout"
-    assert "replaced worker" in health["faults"]["last"]["action"]
+    assert "promoted standby" in health["faults"]["last"]["action"]  # the default warm spare
     assert health["status"] == "degraded"  # serving, with a recent fault
     (event,) = faults_logged(server.output())
     assert event["fault"]["class"] == "gpu_timeout"

@@ -1,0 +1,71 @@
+"""The spare worker (`--standby`, SPEC §5), end to end: a real front, real worker processes,
+real MLX on the tiny model, a real crash. (test_decisions.py covers every branch of the
+promotion with a fake worker line, the fallback from hot to warm included.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.supervisor.test_recovery import BODY
+
+
+def spare(server) -> dict:
+    deadline = time.monotonic() + 60
+    while (standby := server.health().json()["standby"])["state"] != "ready":
+        assert time.monotonic() < deadline, f"no spare ready: {standby}"
+        time.sleep(0.05)
+    return standby
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("mode", ["warm", "hot"])
+def test_a_crash_is_served_by_the_spare_and_a_new_one_starts(serve, tiny_model, mode) -> None:
+    server = serve(
+        "--model", str(tiny_model), "--standby", mode, "--inject-fault", "decode:crash:nth=2"
+    )
+    server.wait()
+    first = spare(server)
+    assert server.http.post("/v1/chat/completions", json=BODY).status_code == 200
+    started = time.monotonic()
+    assert server.http.post("/v1/chat/completions", json=BODY).status_code == 200  # crashes
+    took = time.monotonic() - started
+    health = server.health().json()
+    last = health["faults"]["last"]
+    assert last["class"] == "worker_crash"
+    assert last["action"] == "promoted standby (generation 2)"
+    assert health["worker"]["pid"] == first["pid"]  # the spare serves now
+    if mode == "hot":
+        assert last["recovery_s"] < 0.5 and took < 2.0
+    behind = spare(server)  # and another spare stands behind it
+    assert behind["pid"] != first["pid"]
+
+
+def test_no_spare_outlives_a_killed_front(serve, tiny_model) -> None:
+    server = serve("--model", str(tiny_model), "--standby", "hot")
+    server.wait()
+    pids = [server.health().json()["worker"]["pid"], spare(server)["pid"]]
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"orphans: {[p for p in pids if alive(p)]}"
+        time.sleep(0.05)
+
+
+def test_without_a_spare_health_says_so(serve, tiny_model) -> None:
+    server = serve("--model", str(tiny_model), "--standby", "none")
+    server.wait()
+    assert server.health().json()["standby"] == {"mode": "none", "state": None, "pid": None}
+    assert httpx.get(server.url + "/health/live").status_code == 200
