@@ -121,7 +121,12 @@ class Supervisor:
         self._busy_since = time.monotonic()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.standby = Standby(config.standby, self._spawn_spare, self._canary, config.load_timeout)
+        self.standby = Standby(
+            config.standby,
+            self._spawn_spare,
+            lambda link: self._canary(link, config.load_timeout),  # its first: kernels compile
+            config.load_timeout,
+        )
 
     # -- the HTTP side ---------------------------------------------------------------
 
@@ -525,7 +530,10 @@ class Supervisor:
                     raise FaultError(fault)
                 assert isinstance(msg, Ready)
                 self._adopt(msg)
-            if canary and (failure := await self._canary(link)) is not None:
+            # A new worker's first canary compiles its kernels (seconds on CUDA): it gets
+            # the load's time, not the stall timeout.
+            first = self.config.load_timeout
+            if canary and (failure := await self._canary(link, first)) is not None:
                 raise FaultError(failure)
         except FaultError as err:
             err.fault.settle(Outcome.DISCARDED, "worker discarded (failed to come up)")
@@ -552,14 +560,16 @@ class Supervisor:
             )
             self.standby.demote()
 
-    async def _canary(self, link: WorkerLink | None = None) -> Fault | None:
+    async def _canary(
+        self, link: WorkerLink | None = None, timeout: float | None = None
+    ) -> Fault | None:
         """Run the canary on a worker (the serving one by default): None if it passed,
         else the fault."""
         link = link or self.link
         assert link is not None
         started = time.monotonic()
         try:
-            tokens, tps = await canary.run(link, self.config.stall_timeout)
+            tokens, tps = await canary.run(link, timeout or self.config.stall_timeout)
         except FaultError as err:
             self.events.canary_ran(False, time.monotonic() - started)
             return err.fault

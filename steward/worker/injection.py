@@ -99,20 +99,24 @@ def parse_all(texts: list[str]) -> list[FaultSpec]:
 class Periods:
     """`period=S[+OFFSET]` triggers, decided in the front, which sees every request across
     workers: a spec arms the first request started once its time has come (OFFSET s after
-    the start, then every S s), and fires on that request's first attempt."""
+    the first request, then every S s), and fires on that request's first attempt. One spec
+    a request, so faults that fall due together still each get a request of their own."""
 
     def __init__(self, specs: list[FaultSpec]) -> None:
-        now = time.monotonic()
         self.specs = specs
-        self.due = {i: now + s.offset for i, s in enumerate(specs) if s.period is not None}
+        self.due: dict[int, float] = {}  # from the first request on
 
     def arm(self) -> list[int]:
-        """The specs (their indices) that fire on the request being started now."""
+        """The spec (its index) that fires on the request being started now, if any."""
         now = time.monotonic()
-        armed = [i for i, due in self.due.items() if now >= due]
-        for i in armed:
-            self.due[i] = now + (self.specs[i].period or 0.0)
-        return armed
+        if not self.due:
+            self.due = {i: now + s.offset for i, s in enumerate(self.specs) if s.period}
+        ready = [i for i, due in self.due.items() if now >= due]
+        if not ready:
+            return []
+        first = min(ready, key=self.due.__getitem__)
+        self.due[first] = now + (self.specs[first].period or 0.0)
+        return [first]
 
 
 class Injector:

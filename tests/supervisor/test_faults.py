@@ -107,10 +107,11 @@ def test_periods_arm_one_request_per_period(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr("steward.worker.injection.time.monotonic", lambda: clock[0])
     periods = Periods(parse_all(["decode:raise:period=100+20;decode:crash:period=100+40"]))
     seen = []
-    for now in (1010, 1021, 1022, 1041, 1100, 1121, 1141):
+    for now in (1000, 1021, 1022, 1041, 1100, 1121, 1141, 1300, 1300.5, 1301):
         clock[0] = now
         seen.append(periods.arm())
-    assert seen == [[], [0], [], [1], [], [0], [1]]
+    # from the first request on; two falling due together get a request each, in turn
+    assert seen == [[], [0], [], [1], [], [0], [1], [0], [1], []]
 
 
 def test_an_armed_spec_fires_on_its_first_attempt_only() -> None:
