@@ -24,7 +24,8 @@ from steward.front.connections import BACKLOG, HEADROOM, BoundedProtocol, Limits
 from steward.model.resolve import ModelSource
 from steward.ops.metrics import Metrics
 from steward.ops.notify import Notifier
-from steward.supervisor.supervisor import EX_CONFIG, Supervisor
+from steward.supervisor.exits import EX_CONFIG
+from steward.supervisor.supervisor import Supervisor
 from steward.worker.injection import FaultSpec
 
 log = logging.getLogger("steward")

@@ -58,6 +58,27 @@ class Job:
             armed=self.armed,
         )
 
+    def too_long(self, context_length: int, max_token_chars: int) -> ApiError | None:
+        """A prompt that cannot fit the context, decided without tokenising it: every token
+        stands for at most `max_token_chars` characters (whitespace included: the longest
+        tokens are runs of it), so a prompt of more characters than `context_length *
+        max_token_chars` cannot fit."""
+        wanted = self.request.max_tokens or 1
+        if wanted >= context_length:
+            return ApiError(
+                "context_length_exceeded",
+                f"This model's maximum context length is {context_length} tokens; "
+                f"{wanted} were requested for the completion alone.",
+            )
+        if self.prompt_chars <= (context_length - wanted) * max_token_chars:
+            return None
+        return ApiError(
+            "context_length_exceeded",
+            f"This model's maximum context length is {context_length} tokens; the prompt "
+            f"has {self.prompt_chars} characters, more than {context_length - wanted} tokens "
+            "can hold.",
+        )
+
     def restart(self) -> None:
         """A new attempt: from scratch, unless the client has part of the answer already."""
         self.attempts += 1

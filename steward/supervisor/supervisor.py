@@ -18,69 +18,48 @@ import asyncio
 import functools
 import itertools
 import logging
-import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
 
 from steward.config import ServeConfig
 from steward.errors import ApiError
 from steward.model.resolve import ModelSource, is_vision
 from steward.supervisor import canary, replay
 from steward.supervisor.batch import Batch
+from steward.supervisor.bringup import BringUp, Spawn
 from steward.supervisor.events import Observers
+from steward.supervisor.exits import EX_SOFTWARE, EX_TEMPFAIL, Exit
 from steward.supervisor.faults import (
     CANARY_DECIDES,
-    DEVICE_FAULTS,
     Fault,
     FaultClass,
     Outcome,
-    classify,
     log_fault,
 )
 from steward.supervisor.intensity import RestartIntensity
 from steward.supervisor.jobs import Job, JobQueue
-from steward.supervisor.link import FaultError, WorkerLink
+from steward.supervisor.link import WorkerLink
 from steward.supervisor.standby import Standby
 from steward.supervisor.state import State
 from steward.worker.injection import FaultSpec, Periods
-from steward.worker.main import WorkerSettings
 from steward.worker.protocol import (
     Cancel,
     Done,
     Generate,
-    Load,
-    LoadFailed,
-    Ready,
     Rejected,
     prompt_text,
 )
 
 log = logging.getLogger("steward.supervisor")
 
-EX_SOFTWARE = 70
-EX_TEMPFAIL = 75
-EX_CONFIG = 78
 SLOW_FACTOR = 0.5  # decode below half the load-time baseline: degraded
-
-
-class Exit(Exception):
-    """Recovery is impossible in this process: exit with `code`."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
 
 
 class InjectedBug(RuntimeError):
     """`--inject-fault supervisor:...`: stands for a bug in steward's own code."""
 
 
-Spawn = Callable[[WorkerSettings], Awaitable[WorkerLink]]
-
-
-class Supervisor:
+class Supervisor(BringUp):
     def __init__(
         self,
         config: ServeConfig,
@@ -159,27 +138,10 @@ class Supervisor:
         return job
 
     def too_long(self, job: Job) -> ApiError | None:
-        """A prompt that cannot fit the context, decided without tokenising it: every token
-        stands for at most `max_token_chars` characters (whitespace included: the longest
-        tokens are runs of it), so a prompt of more characters than `context_length *
-        max_token_chars` cannot fit (known once a worker has loaded the model)."""
+        """Known once a worker has loaded the model: see `Job.too_long`."""
         if self.context_length is None or self.max_token_chars is None:
             return None
-        wanted = job.request.max_tokens or 1
-        if wanted >= self.context_length:
-            return ApiError(
-                "context_length_exceeded",
-                f"This model's maximum context length is {self.context_length} tokens; "
-                f"{wanted} were requested for the completion alone.",
-            )
-        if job.prompt_chars <= (self.context_length - wanted) * self.max_token_chars:
-            return None
-        return ApiError(
-            "context_length_exceeded",
-            f"This model's maximum context length is {self.context_length} tokens; the "
-            f"prompt has {job.prompt_chars} characters, more than "
-            f"{self.context_length - wanted} tokens can hold.",
-        )
+        return job.too_long(self.context_length, self.max_token_chars)
 
     def cancel(self, job: Job) -> None:
         """The client is gone or out of time: drop the job wherever it is (a running one
@@ -461,132 +423,6 @@ class Supervisor:
         self._serving()
         fault.recovery_s = round(time.monotonic() - fault.detected, 3)
         self._settle(fault)
-
-    async def _replace(self, fault: Fault | None = None) -> Outcome:
-        """Kill the worker and put another in its place, the spare if there is one, within
-        the restart intensity (a promotion counts as a restart)."""
-        for _attempt in range(2):
-            await self._kill_worker()
-            if not self.intensity.allow():
-                raise Exit(
-                    EX_TEMPFAIL,
-                    f"more than {self.config.max_restarts} restarts in "
-                    f"{self.config.restart_window:.0f} s",
-                )
-            if await self._promote(fault):
-                return Outcome.PROMOTED
-            if await self._start_worker():
-                return Outcome.REPLACED
-        raise Exit(EX_TEMPFAIL, "a replacement worker failed to come up twice")
-
-    def _settings(self, warm: bool) -> WorkerSettings:
-        self.generation += 1
-        return WorkerSettings(
-            self.source,
-            self.generation,
-            self.fault_specs,
-            os.getpid(),
-            self.config.worker_memory_limit,
-            self.config.max_batch,
-            self.config.prompt_cache_bytes,
-            warm,
-        )
-
-    async def _spawn_spare(self, warm: bool) -> WorkerLink:
-        return await self.spawn(self._settings(warm))
-
-    async def _start_worker(self) -> bool:
-        """Spawn, load, canary. False (fault recorded) when this worker cannot serve."""
-        self._recovery_since = time.monotonic()
-        self.link = link = await self.spawn(self._settings(warm=False))
-        log.info("worker %d started (pid %d)", link.generation, link.pid)
-        self.events.worker_started(link.generation)
-        return await self._bring_up(link, load=True, canary=True)
-
-    async def _promote(self, fault: Fault | None) -> bool:
-        """The spare serves: a warm one loads the model first; a hot one runs the canary
-        again when the fault may be the device's, which it shares."""
-        spare = await self.standby.take()
-        if spare is None:
-            return False
-        link, warm = spare
-        self.link = link
-        log.info("promoting the %s spare (worker %d)", "warm" if warm else "hot", link.generation)
-        self.events.worker_started(link.generation)
-        if warm:
-            link.send(Load())
-        device = fault is not None and fault.cls in DEVICE_FAULTS
-        return await self._bring_up(link, load=warm, canary=warm or device)
-
-    async def _bring_up(self, link: WorkerLink, load: bool, canary: bool) -> bool:
-        """Its model loaded, its canary passed: False (fault recorded) if it cannot serve."""
-        try:
-            if load:
-                msg = await link.loaded(self.config.load_timeout)
-                if isinstance(msg, LoadFailed):
-                    if msg.config:
-                        raise Exit(EX_CONFIG, f"model unusable: {msg.message}")
-                    fault = link.fault(classify(msg.message), msg.message, msg.traceback)
-                    raise FaultError(fault)
-                assert isinstance(msg, Ready)
-                self._adopt(msg)
-            # A new worker's first canary compiles its kernels (seconds on CUDA): it gets
-            # the load's time, not the stall timeout.
-            first = self.config.load_timeout
-            if canary and (failure := await self._canary(link, first)) is not None:
-                raise FaultError(failure)
-        except FaultError as err:
-            err.fault.settle(Outcome.DISCARDED, "worker discarded (failed to come up)")
-            self._record(err.fault)
-            self._settle(err.fault)
-            await self._kill_worker()
-            return False
-        self.bring_up_seconds = time.monotonic() - self._recovery_since
-        log.info("worker %d ready in %.2f s", link.generation, self.bring_up_seconds)
-        self.standby.refill()
-        return True
-
-    def _adopt(self, msg: Ready) -> None:
-        """What the worker said of the model: its bounds, and whether two copies fit."""
-        self.context_length = msg.context_length
-        self.max_token_chars = msg.max_token_chars
-        self.batch.worker_max = msg.max_batch
-        if self.standby.mode == "hot" and 2 * msg.model_bytes > 0.9 * msg.memory_bytes:
-            log.warning(
-                "--standby hot needs room for a second copy of the model (%.1f GiB) beside "
-                "this one, in %.1f GiB of device memory: keeping a warm spare instead",
-                msg.model_bytes / 2**30,
-                msg.memory_bytes / 2**30,
-            )
-            self.standby.demote()
-
-    async def _canary(
-        self, link: WorkerLink | None = None, timeout: float | None = None
-    ) -> Fault | None:
-        """Run the canary on a worker (the serving one by default): None if it passed,
-        else the fault."""
-        link = link or self.link
-        assert link is not None
-        started = time.monotonic()
-        try:
-            tokens, tps = await canary.run(link, timeout or self.config.stall_timeout)
-        except FaultError as err:
-            self.events.canary_ran(False, time.monotonic() - started)
-            return err.fault
-        self.events.canary_ran(tokens == (self.golden or tokens), time.monotonic() - started)
-        if self.golden is None:
-            self.golden, self.baseline_tps = tokens, tps
-            log.info("canary golden tokens %s, decode %.1f tok/s", tokens, tps)
-        elif tokens != self.golden:
-            return link.fault(
-                FaultClass.CANARY_MISMATCH,
-                f"canary tokens {list(tokens)} differ from {list(self.golden)}",
-            )
-        return None
-
-    async def _kill_worker(self) -> None:
-        if self.link is not None:
-            await self.link.kill()
 
     # -- bookkeeping --------------------------------------------------------------------
 
