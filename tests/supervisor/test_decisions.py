@@ -116,13 +116,17 @@ def test_an_allocation_failure_in_a_batch_halves_it_and_replays_all():
 def test_suspects_of_a_batch_fault_run_alone_one_at_a_time():
     async def scenario() -> None:
         script = Script(faults={2: [C.GPU_TIMEOUT]})
-        supervisor = await start(script)
-        jobs = [submit(supervisor, i) for i in range(1, 5)]
+        supervisor = await start(script, max_batch=4)
+        jobs = [submit(supervisor, i) for i in range(1, 7)]  # 5 and 6 wait in the queue
         ends = [end for _, end in [await outcome(job) for job in jobs]]
         assert all(isinstance(end, Done) for end in ends)
         fault = script.faulted_at[0]
         assert script.in_flight[:fault] == [1, 2, 3, 4]  # a batch of four, then the fault
-        assert set(script.in_flight[fault:]) == {1}  # its suspects replayed one at a time
+        replays = [r.seq for r in script.started[fault:]]
+        after = zip(script.in_flight[fault:], replays, strict=True)
+        probation = [n for n, seq in after if seq <= 4]
+        assert set(probation) == {1}  # suspects one at a time, nothing queued beside them
+        assert replays[-2:] == [5, 6]  # the queue waited for probation to end
         assert not supervisor.quarantine.suspect("payload-2")  # finished alone: acquitted
 
     run(scenario)
