@@ -94,10 +94,7 @@ class BringUp:
                     raise FaultError(fault)
                 assert isinstance(msg, Ready)
                 self._adopt(msg)
-            # A new worker's first canary compiles its kernels (seconds on CUDA): it gets
-            # the load's time, not the stall timeout.
-            first = self.config.load_timeout
-            if canary and (failure := await self._canary(link, first)) is not None:
+            if canary and (failure := await self._canary(link)) is not None:
                 raise FaultError(failure)
         except FaultError as err:
             err.fault.settle(Outcome.DISCARDED, "worker discarded (failed to come up)")
@@ -124,16 +121,14 @@ class BringUp:
             )
             self.standby.demote()
 
-    async def _canary(
-        self, link: WorkerLink | None = None, timeout: float | None = None
-    ) -> Fault | None:
-        """Run the canary on a worker (the serving one by default): None if it passed,
-        else the fault."""
+    async def _canary(self, link: WorkerLink | None = None) -> Fault | None:
+        """Run the canary on a worker (the serving one by default), bounded by the stall
+        timeout: None if it passed, else the fault."""
         link = link or self.link
         assert link is not None
         started = time.monotonic()
         try:
-            tokens, tps = await canary.run(link, timeout or self.config.stall_timeout)
+            tokens, tps = await canary.run(link, self.config.stall_timeout)
         except FaultError as err:
             self.events.canary_ran(False, time.monotonic() - started)
             return err.fault

@@ -100,12 +100,7 @@ class Supervisor(BringUp):
         self._busy_since = time.monotonic()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.standby = Standby(
-            config.standby,
-            self._spawn_spare,
-            lambda link: self._canary(link, config.load_timeout),  # its first: kernels compile
-            config.load_timeout,
-        )
+        self.standby = Standby(config.standby, self._spawn_spare, self._canary, config.load_timeout)
 
     # -- the HTTP side ---------------------------------------------------------------
 
