@@ -84,13 +84,18 @@ def test_full_queue_is_429_and_waiting_is_bounded(serve, tiny_model) -> None:
     def post(name: str) -> None:
         results[name] = httpx.post(server.url + "/v1/completions", json=PROMPT, timeout=60)
 
+    def health_shows(field: str, value: int) -> None:
+        deadline = time.monotonic() + 10
+        while server.health().json()[field] != value:
+            assert time.monotonic() < deadline, f"{field} never {value}"
+            time.sleep(0.02)
+
     running = threading.Thread(target=post, args=("running",))
     running.start()
-    time.sleep(0.5)  # it is on the worker now
+    health_shows("in_flight", 1)  # it is on the worker now
     queued = threading.Thread(target=post, args=("queued",))
     queued.start()
-    time.sleep(0.3)
-    assert server.health().json()["queue_depth"] == 1
+    health_shows("queue_depth", 1)
     full = httpx.post(server.url + "/v1/completions", json=PROMPT)
     assert_envelope(full, 429, "overloaded")
     queued.join()
