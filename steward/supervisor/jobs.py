@@ -34,7 +34,6 @@ class Job:
     stream: bool = False
     id: int = field(default_factory=lambda: next(_ids))
     attempts: int = 0
-    faults: int = 0
     sent: bool = False  # something of the answer reached the client: no replay
     running: bool = False
     alone: bool = False  # on probation: runs with nothing else in flight

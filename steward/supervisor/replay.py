@@ -70,7 +70,6 @@ def strike(suspects: list[Job], quarantine: Quarantine) -> dict[str, int]:
 
 def before_recovery(job: Job, fault: Fault, strikes: int, quarantine: Quarantine) -> bool:
     """Settle the job now if recovery cannot help it; True if it was quarantined."""
-    job.faults += 1
     if strikes >= 2:
         job.push(
             ApiError(
