@@ -7,7 +7,7 @@ job that was in flight (replay.py). Tokens never pass through this loop: the wor
 routes them to their jobs (link.py). HTTP handlers only `submit` and `cancel` jobs.
 
 The loop must never die silently (the field report's zombie, made by steward itself): a
-bug met while serving one job fails that job alone (500 `internal_error`) and the loop
+bug met while starting one job fails that job alone (500 `internal_error`) and the loop
 goes on; a bug anywhere else ends the loop, health says `failed` at once, and the process
 exits 70 (EX_SOFTWARE) so that its supervisor restarts it and someone reads the traceback.
 """

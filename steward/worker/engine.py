@@ -76,10 +76,9 @@ class Engine:
         self.generator = self._generator()
 
     def _generator(self) -> BatchGenerator:
-        eos = self.backend.tokenizer.eos_token_ids
         return BatchGenerator(
             self.backend.model,
-            stop_tokens=[[t] for t in eos],
+            stop_tokens=[[t] for t in self.eos],
             completion_batch_size=self.max_batch,
             prefill_batch_size=min(PREFILL_BATCH, self.max_batch),
             prefill_step_size=PREFILL_STEP,
