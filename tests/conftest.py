@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -20,6 +20,14 @@ import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def until(check: Callable[[], object], within: float, what: str) -> None:
+    """Wait for an observable condition, never for a time (fails after `within` s)."""
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"not {what} within {within} s"
+        time.sleep(0.02)
 
 
 def free_port() -> int:
@@ -64,6 +72,12 @@ class Server:
                 pass
             time.sleep(0.05)
         raise AssertionError(f"server not {status} in {timeout} s:\n{self.output()}")
+
+    def until(self, check: Callable[[dict], object], within: float = 30) -> dict:
+        """The first /health body that `check` accepts."""
+        bodies: list[dict] = []
+        until(lambda: check(bodies.append(self.health().json()) or bodies[-1]), within, "seen")
+        return bodies[-1]
 
     def exit_code(self, timeout: float = 60) -> int:
         return self.proc.wait(timeout)

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Server, free_port
+from tests.conftest import ROOT, Server, free_port, until
 from tests.front import rawhttp
 from tests.front.test_openai_api import assert_envelope
 
@@ -51,13 +51,6 @@ def timeouts(tiny_model: Path) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
-
-
-def until(probe: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, f"not {what} within {timeout} s"
-        time.sleep(0.05)
 
 
 def assert_serving(server: Server) -> None:

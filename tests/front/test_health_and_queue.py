@@ -53,7 +53,7 @@ def test_live_answers_fast_during_generation(serve, tiny_model) -> None:
         target=server.http.post, args=("/v1/completions",), kwargs={"json": PROMPT}
     )
     worker.start()
-    time.sleep(0.5)
+    server.until(lambda health: health["in_flight"] == 1)
     slowest = 0.0
     with httpx.Client(base_url=server.url) as probe:
         while worker.is_alive():
@@ -84,18 +84,12 @@ def test_full_queue_is_429_and_waiting_is_bounded(serve, tiny_model) -> None:
     def post(name: str) -> None:
         results[name] = httpx.post(server.url + "/v1/completions", json=PROMPT, timeout=60)
 
-    def health_shows(field: str, value: int) -> None:
-        deadline = time.monotonic() + 10
-        while server.health().json()[field] != value:
-            assert time.monotonic() < deadline, f"{field} never {value}"
-            time.sleep(0.02)
-
     running = threading.Thread(target=post, args=("running",))
     running.start()
-    health_shows("in_flight", 1)  # it is on the worker now
+    server.until(lambda health: health["in_flight"] == 1)  # it is on the worker now
     queued = threading.Thread(target=post, args=("queued",))
     queued.start()
-    health_shows("queue_depth", 1)
+    server.until(lambda health: health["queue_depth"] == 1)
     full = httpx.post(server.url + "/v1/completions", json=PROMPT)
     assert_envelope(full, 429, "overloaded")
     queued.join()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import until
+
 BODY = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "temperature": 0}
 
 
@@ -91,7 +93,12 @@ def test_systemd_notify_protocol(serve, tiny_model, tmp_path: Path) -> None:
         server.wait()
         assert server.http.post("/v1/chat/completions", json=BODY).status_code == 200
         server.wait("degraded")
-        time.sleep(2.0)
+
+        def pinged_for(seconds: float) -> bool:
+            pings = [at for at, text in received if "WATCHDOG=1" in text]
+            return len(pings) > 1 and pings[-1] - pings[0] > seconds
+
+        until(lambda: pinged_for(2.2), 10, "watchdog pings over 2 s")
         server.proc.send_signal(signal.SIGTERM)
         assert server.exit_code() == 0
     finally:

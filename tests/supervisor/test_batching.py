@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 
+from tests.conftest import until
 from tests.front.test_openai_api import assert_envelope
 
 SLOW = ("--inject-fault", "decode:slow=0.02:every")
@@ -44,13 +44,6 @@ def streamed(url: str, prompt: str, max_tokens: int = 12) -> tuple[str, str | No
             text.append(choice.text)
             finish = choice.finish_reason or finish
     return "".join(text), finish, usage
-
-
-def until(check: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, f"not {what} within {within} s"
-        time.sleep(0.02)
 
 
 class BatchWatch:

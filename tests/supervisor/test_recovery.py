@@ -45,18 +45,18 @@ class ReadyWatch:
 
 
 class InFlight:
-    """A chat request running in a background thread, on the worker after one second."""
+    """A chat request running in a background thread, on the worker once constructed."""
 
-    def __init__(self, url: str, body: dict) -> None:
+    def __init__(self, server, body: dict) -> None:
         self._result: list[httpx.Response] = []
         post = httpx.post
         self._thread = threading.Thread(
             target=lambda: self._result.append(
-                post(url + "/v1/chat/completions", json=body, timeout=60)
+                post(server.url + "/v1/chat/completions", json=body, timeout=60)
             )
         )
         self._thread.start()
-        time.sleep(1.0)
+        server.until(lambda health: health["in_flight"] == 1)
 
     def response(self) -> httpx.Response:
         self._thread.join()
@@ -244,9 +244,9 @@ def test_hanging_canary_is_bounded(serve, tiny_model) -> None:
 def test_sigterm_lets_the_running_request_finish(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "decode:slow=0.4:every")
     server.wait()
-    running = InFlight(server.url, {**BODY, "max_tokens": 8})
+    running = InFlight(server, {**BODY, "max_tokens": 8})
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    server.until(lambda health: health["status"] == "stopping")
     ready = server.http.get("/health/ready")
     assert ready.status_code == 503 and ready.json()["status"] == "stopping"
     refused = server.http.post("/v1/chat/completions", json=BODY)
@@ -269,9 +269,9 @@ def test_slow_decode_is_degraded(serve, tiny_model) -> None:
 def test_second_signal_cuts_the_drain(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "decode:slow=0.5:every")
     server.wait()
-    running = InFlight(server.url, {**BODY, "max_tokens": 60})
+    running = InFlight(server, {**BODY, "max_tokens": 60})
     server.proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    server.until(lambda health: health["status"] == "stopping")
     started = time.monotonic()
     server.proc.send_signal(signal.SIGINT)
     assert server.exit_code(20) == 0

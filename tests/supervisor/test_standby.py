@@ -11,15 +11,12 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import until
 from tests.supervisor.test_recovery import BODY
 
 
 def spare(server) -> dict:
-    deadline = time.monotonic() + 60
-    while (standby := server.health().json()["standby"])["state"] != "ready":
-        assert time.monotonic() < deadline, f"no spare ready: {standby}"
-        time.sleep(0.05)
-    return standby
+    return server.until(lambda health: health["standby"]["state"] == "ready", 60)["standby"]
 
 
 def alive(pid: int) -> bool:
@@ -58,10 +55,7 @@ def test_no_spare_outlives_a_killed_front(serve, tiny_model) -> None:
     pids = [server.health().json()["worker"]["pid"], spare(server)["pid"]]
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait(10)
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, f"orphans: {[p for p in pids if alive(p)]}"
-        time.sleep(0.05)
+    until(lambda: not any(alive(pid) for pid in pids), 10, "every worker gone")
 
 
 def test_without_a_spare_health_says_so(serve, tiny_model) -> None:
