@@ -25,14 +25,13 @@ def main() -> None:
 
     from mlx_lm import stream_generate
 
-    from steward.model.gguf import materialize
-    from steward.model.resolve import resolve_model
+    from bench.overhead import bench_model
     from steward.worker.backend import Backend
     from steward.worker.engine import Engine
     from steward.worker.injection import Injector
     from steward.worker.protocol import Generate, encode
 
-    model_dir = args.model or materialize(resolve_model(None))
+    model_dir = bench_model(args.model)
     backend = Backend(model_dir, Injector([], 1))
     messages = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
     prompt = backend.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

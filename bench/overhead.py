@@ -66,6 +66,16 @@ def measure(started: float, times: list[float]) -> tuple[float, float, int]:
     return ttft, decode, len(times)
 
 
+def bench_model(path: Path | None) -> Path:
+    """The model a benchmark runs: `--model`, or the embedded default, imported once."""
+    if path is not None:
+        return path
+    from steward.model.gguf import materialize
+    from steward.model.resolve import resolve_model
+
+    return materialize(resolve_model(None))
+
+
 def start_server(
     model: Path | None, args: list[str] = (), stderr: IO[str] | None = None
 ) -> tuple[subprocess.Popen, str]:
@@ -113,10 +123,7 @@ def main() -> None:
 
     from mlx_lm import load
 
-    from steward.model.gguf import materialize
-    from steward.model.resolve import resolve_model
-
-    model_dir = args.model or materialize(resolve_model(None))
+    model_dir = bench_model(args.model)
     model, tokenizer = load(str(model_dir))
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     proc, url = start_server(model_dir)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.overhead import bare_run, start_server
+from bench.overhead import bare_run, bench_model, start_server
 
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 
@@ -162,10 +162,7 @@ def main() -> None:
 
     from mlx_lm import load as load_model
 
-    from steward.model.gguf import materialize
-    from steward.model.resolve import resolve_model
-
-    model_dir = args.model or materialize(resolve_model(None))
+    model_dir = bench_model(args.model)
     model, tokenizer = load_model(str(model_dir))
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
     bare_run(model, tokenizer, prompt, 8)
