@@ -18,6 +18,7 @@ from typing import Any
 
 from steward import __version__, drill
 from steward.config import ServeConfig
+from steward.front.schemas import MAX_N
 
 EX_CONFIG = 78
 DEFAULTS = ServeConfig()
@@ -116,6 +117,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "max-images", int, "most images in one request")
     _flag(p, "allow-image-urls", bool, "allow remote image URLs")
     _flag(p, "max-batch", int, "requests decoded together (continuous batching)")
+    _flag(p, "max-n", int, "most choices (`n`) one request may ask for, each a batch member")
     _flag(
         p,
         "standby",
@@ -172,6 +174,8 @@ def serve(args: argparse.Namespace) -> int:
         config = with_key_file(config)
         if config.max_batch < 1:
             raise ValueError(f"--max-batch {config.max_batch}: must be at least 1")
+        if not 1 <= config.max_n <= MAX_N:
+            raise ValueError(f"--max-n {config.max_n}: must be between 1 and {MAX_N}")
         source = resolve_model(config.model)
         faults = parse_all(config.inject_fault)
     except (ModelError, ValueError, OSError) as exc:

@@ -90,6 +90,143 @@ def build_tiny_model(
     return out
 
 
+# A template in LFM2's tool-call format (mlx-lm's `pythonic` parser, which it infers from
+# `<|tool_call_start|>` in the template): the tools listed in the system turn, an assistant's
+# calls rendered back as `[name(key="value")]` between the markers, a tool's answer as a turn.
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nList of tools: <|tool_list_start|>"
+    "{{ tools | tojson }}<|tool_list_end|><|im_end|>\n{% endif %}"
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{% if message.content is string %}{{ message.content }}{% endif %}"
+    "{% if message.tool_calls %}<|tool_call_start|>["
+    "{%- for call in message.tool_calls %}{% if not loop.first %}, {% endif %}"
+    "{{ call.function.name }}("
+    "{%- for key, value in call.function.arguments.items() %}"
+    "{% if not loop.first %}, {% endif %}{{ key }}={{ value | tojson }}{% endfor %})"
+    "{%- endfor %}]<|tool_call_end|>{% endif %}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOL_MARKERS = ("<|tool_call_start|>", "<|tool_call_end|>")
+TOOL_SCRIPT = '<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>'
+
+
+def build_scripted_model(
+    out: Path,
+    tokenizer_dir: Path,
+    text: str = TOOL_SCRIPT,
+    *,
+    chat_template: str = TOOL_TEMPLATE,
+    added: tuple[str, ...] = TOOL_MARKERS,
+    hidden: int = 64,
+) -> Path:
+    """A llama whose greedy answer to any chat is exactly `text`, then EOS.
+
+    Its only layer's output projections (`o_proj`, `down_proj`) are zero, so the residual
+    stream is the current token's embedding and the next token a function of the current one
+    alone: the generation prompt's last token (the trigger) and each token of `text` get their
+    own embedding direction, which the untied `lm_head` maps to the token that follows it in
+    the script, and the script's last to EOS. Every other token maps to "." (so a plain prompt,
+    like the supervisor's canary, gets an answer: dots up to max_tokens). So the script's
+    tokens must be distinct, and differ from the trigger and "." (checked). `added` become
+    single (special) tokens of the tokenizer, as tool-call markers are in the models that use
+    them.
+    """
+    from transformers import AutoTokenizer
+
+    take_tokenizer(out, tokenizer_dir)
+    spec = json.loads((out / "tokenizer.json").read_text())
+    known = {t["content"] for t in spec["added_tokens"]}
+    next_id = 1 + max([*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])])
+    for content in added:
+        if content not in known:
+            spec["added_tokens"].append(
+                {
+                    "id": next_id,
+                    "content": content,
+                    "single_word": False,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "special": True,
+                }
+            )
+            next_id += 1
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({**config, "chat_template": chat_template}, indent=2)
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    hello = [{"role": "user", "content": "hello"}]
+    rendered = tokenizer.apply_chat_template(hello, add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.encode(rendered, add_special_tokens=False)
+    script = tokenizer.encode(text, add_special_tokens=False)
+    eos = tokenizer.eos_token_id
+    (filler,) = tokenizer.encode(".", add_special_tokens=False)
+    chain = [prompt[-1], *script]
+    if len(set(chain)) < len(chain) or {eos, filler} & set(chain):
+        pieces = tokenizer.convert_ids_to_tokens(chain)
+        raise ValueError(f"the trigger and script tokens must be distinct: {pieces}")
+    if len(chain) + 1 > hidden:
+        raise ValueError(f"{len(chain)} script tokens need hidden > {len(chain)}")
+
+    vocab = next_id
+    heads, kv_heads, ffn = 4, 2, 2 * hidden
+    head_dim = hidden // heads
+    config = {
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": 1,
+        "intermediate_size": ffn,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "vocab_size": vocab,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+    # Direction 0: any token off the script; direction k + 1: the chain's k-th token.
+    embed = np.zeros((vocab, hidden), dtype=np.float32)
+    embed[:, 0] = 1
+    # RMSNorm makes a one-hot row sqrt(hidden) long: logits of 4 * 8 = 32 against 0, so even
+    # sampling at temperature 1 follows the script.
+    head = np.zeros((vocab, hidden), dtype=np.float32)
+    head[filler, 0] = 4
+    for k, token in enumerate(chain):
+        embed[token] = 0
+        embed[token, k + 1] = 1
+        follower = chain[k + 1] if k + 1 < len(chain) else eos
+        head[follower, k + 1] = 4
+    rng = np.random.default_rng(0)
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
+
+    ones = np.ones(hidden, dtype=np.float32)
+    p = "model.layers.0"
+    weights = {
+        "model.embed_tokens.weight": embed,
+        "model.norm.weight": ones,
+        "lm_head.weight": head,
+        f"{p}.self_attn.q_proj.weight": normal(heads * head_dim, hidden),
+        f"{p}.self_attn.k_proj.weight": normal(kv_heads * head_dim, hidden),
+        f"{p}.self_attn.v_proj.weight": normal(kv_heads * head_dim, hidden),
+        f"{p}.self_attn.o_proj.weight": np.zeros((hidden, heads * head_dim), np.float32),
+        f"{p}.mlp.gate_proj.weight": normal(ffn, hidden),
+        f"{p}.mlp.up_proj.weight": normal(ffn, hidden),
+        f"{p}.mlp.down_proj.weight": np.zeros((hidden, ffn), np.float32),
+        f"{p}.input_layernorm.weight": ones,
+        f"{p}.post_attention_layernorm.weight": ones,
+    }
+    arrays = {k: mx.array(v) for k, v in weights.items()}
+    mx.save_safetensors(str(out / "model.safetensors"), arrays, metadata={"format": "mlx"})
+    return out
+
+
 if __name__ == "__main__":
     import argparse
 

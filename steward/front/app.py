@@ -88,4 +88,6 @@ def request_id(request: Request) -> str:
 def _describe(error: dict) -> str:
     where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    if error.get("type") == "extra_forbidden":  # the README's rule for parameters
+        message = "unrecognized request argument: steward refuses what it does not know"
     return message if not where and ": " in message else f"{where or 'body'}: {message}"

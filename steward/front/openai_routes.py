@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 from typing import Any
@@ -15,6 +16,7 @@ from steward.front.docs import error_responses, generation_responses
 from steward.front.images import ImageLimits, load_images
 from steward.front.respond import Answer, Waiter, respond
 from steward.front.schemas import ChatRequest, CompletionRequest, Sampling
+from steward.front.structured import constraint
 from steward.worker.protocol import Generate, encode
 
 
@@ -59,11 +61,18 @@ def check_model(request: Request, body: Sampling) -> str:
 async def generate(request: Request, kind: str, body: ChatRequest | CompletionRequest):
     model = check_model(request, body)
     supervisor = request.app.state.supervisor
+    config = request.app.state.config
+    if body.n > config.max_n:
+        raise ApiError("validation_error", f"n: at most {config.max_n} (--max-n)")
     params: dict[str, Any] = body.params()
-    urls = body.image_urls() if isinstance(body, ChatRequest) else []
+    urls = body.image_urls()
     if urls and not supervisor.vision:
         raise ApiError("validation_error", f"The model {model!r} does not take images.")
-    images = await load_images(urls, ImageLimits.of(request.app.state.config)) if urls else []
+    if supervisor.vision and (unsupported := _beyond_vision(body)):
+        raise ApiError("validation_error", f"not supported for vision models: {unsupported}")
+    if isinstance(body, ChatRequest):  # a large schema compiles off the event loop
+        params |= (await asyncio.to_thread(constraint, body)).params()
+    images = await load_images(urls, ImageLimits.of(config)) if urls else []
     payload = Generate(id=0, seq=0, attempt=0, images=images, **params)
     try:
         wire = encode(payload)  # what the worker will get: it must encode, here, not later
@@ -71,10 +80,48 @@ async def generate(request: Request, kind: str, body: ChatRequest | CompletionRe
         raise ApiError("validation_error", f"The request cannot be encoded: {exc}") from None
     digest = hashlib.sha256(model.encode() + b"\0" + wire).hexdigest()
     request_id = request.state.request_id
-    job = supervisor.submit(payload, body.prompt_chars(), request_id, digest, body.stream)
-    waiter = Waiter(job, supervisor, request.app.state.config, request.app.state.metrics)
-    answer = Answer(kind, model, request_id, body.include_usage())
-    return await respond(request, waiter, answer, body.stream, request_id)
+    waiters: list[Waiter] = []
+    try:
+        for choice in _choices(payload, body.n):
+            job = supervisor.submit(choice, body.prompt_chars(), request_id, digest, body.stream)
+            waiters.append(Waiter(job, supervisor, config, request.app.state.metrics))
+    except ApiError:
+        for waiter in waiters:  # all choices or none
+            waiter.close()
+        raise
+    chat = isinstance(body, ChatRequest)
+    answer = Answer(
+        kind,
+        model,
+        request_id,
+        body.include_usage(),
+        logprobs=payload.logprobs >= 0,
+        parallel_calls=not chat or body.parallel_tool_calls,
+    )
+    return await respond(request, waiters, answer, body.stream, request_id)
+
+
+def _choices(payload: Generate, n: int) -> list[Generate]:
+    """`n` choices are `n` jobs, batch members that share the prompt; a seeded request's
+    choices differ, each by its own seed, and stay reproducible."""
+    if payload.seed is None:
+        return [payload] * n
+    return [msgspec.structs.replace(payload, seed=(payload.seed + i) % 2**32) for i in range(n)]
+
+
+def _beyond_vision(body: ChatRequest | CompletionRequest) -> str:
+    """What mlx-vlm's generation does not take (it has no logits processors)."""
+    used = {
+        "logprobs": body.params()["logprobs"] >= 0,
+        "logit_bias": bool(body.logit_bias),
+        "penalties": bool(body.presence_penalty or body.frequency_penalty)
+        or body.repetition_penalty != 1.0,
+        "top_k, min_p": body.top_k > 0 or body.min_p > 0,
+        "n": body.n > 1,
+        "tools": isinstance(body, ChatRequest) and bool(body.tools),
+        "response_format": isinstance(body, ChatRequest) and body.structured(),
+    }
+    return ", ".join(name for name, on in used.items() if on)
 
 
 @router.post("/chat/completions", responses=generation_responses("chat.completion"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from steward.errors import ApiError
-from steward.worker.protocol import Done, Generate, Token
+from steward.worker.protocol import CallDelta, Done, Generate, Logprob, Token
 
 Event = Token | Done | ApiError
 
@@ -43,6 +43,8 @@ class Job:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     text: list[str] = field(default_factory=list)  # the answer so far
     generated: list[int] = field(default_factory=list)  # its token ids
+    logprobs: list[Logprob] = field(default_factory=list)  # when asked for
+    calls: list[CallDelta] = field(default_factory=list)  # tool calls, in parts
     armed: list[int] = field(default_factory=list)  # periodic fault injection (SPEC §6)
 
     def message(self) -> Generate:
@@ -84,13 +86,18 @@ class Job:
         if not self.sent:
             self.text.clear()
             self.generated.clear()
+            self.logprobs.clear()
+            self.calls.clear()
 
     def add(self, token: Token) -> None:
         """A token of the current attempt; only a streaming client sees it before the end."""
         self.text.append(token.text)
         if token.token >= 0:
             self.generated.append(token.token)
-        if self.stream and token.text:
+        if token.logprob is not None:
+            self.logprobs.append(token.logprob)
+        self.calls += token.calls
+        if self.stream and (token.text or token.logprob or token.calls):
             self.sent = True
             self.push(token)
 

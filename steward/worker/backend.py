@@ -9,6 +9,7 @@ reported as `Failed` and classified by the supervisor.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,12 @@ from typing import Any
 from jinja2 import TemplateError
 from mlx_lm import load
 
+from steward.worker.grammar import BatchStep, Grammars
 from steward.worker.injection import Injector
+from steward.worker.logits import Processor
+from steward.worker.logprobs import Logprobs
 from steward.worker.protocol import Generate, Rejected
+from steward.worker.toolcalls import ToolCalls
 
 
 def context_length(model_dir: Path) -> int:
@@ -56,13 +61,53 @@ class Backend:
         self.model, self.tokenizer = load(str(model_dir))
         self.context_length = context_length(model_dir)
         self.max_token_chars = max_token_chars(self.tokenizer)
+        self.vocab_size = vocab_size(self.model, self.tokenizer)
+        self.grammars = Grammars(self.tokenizer._tokenizer, sorted(self.tokenizer.eos_token_ids))
+        self.batch_step = BatchStep(self.grammars.executor)
+
+    @functools.cached_property
+    def logprobs(self) -> Logprobs:
+        return Logprobs(self.grammars.tokenizer.decode_bytes)
 
     def encode(self, req: Generate) -> list[int]:
         if req.messages is not None:
+            tools = {"tools": req.tools} if req.tools else {}
             return list(
-                self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
+                self.tokenizer.apply_chat_template(
+                    req.messages, add_generation_prompt=True, **tools
+                )
             )
         return list(self.tokenizer.encode(req.prompt or ""))
+
+    def processor(self, req: Generate) -> Processor | None:
+        """What shapes the request's logits, if anything does. ValueError: a token id out
+        of the vocabulary, a grammar that does not compile (the request's 400)."""
+        if bad := [t for t in req.logit_bias if t >= self.vocab_size]:
+            raise ValueError(f"logit_bias: token {bad[0]} is not in the vocabulary")
+        grammar = self.grammars.start(req.grammar, list(req.resume)) if req.grammar else None
+        shaped = req.logit_bias or req.presence_penalty or req.frequency_penalty
+        if grammar is None and not shaped and req.repetition_penalty == 1.0:
+            return None
+        return Processor(req, grammar, self.batch_step)
+
+    def tool_calls(self, req: Generate) -> ToolCalls | None:
+        """How the answer's tool calls are found, if it may make any."""
+        if req.calls in ("named", "list"):
+            return ToolCalls(req.calls, req.call_name)
+        tokenizer = self.tokenizer
+        if req.calls != "auto" or not tokenizer.has_tool_calling:
+            return None
+        markers = (tokenizer.tool_call_start, tokenizer.tool_call_end or "")
+        return ToolCalls("auto", markers=markers, parser=tokenizer.tool_parser, tools=req.tools)
+
+
+def vocab_size(model: Any, tokenizer: Any) -> int:
+    """The logits' width: the model's vocabulary (often padded past the tokenizer's)."""
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None) or getattr(
+        getattr(args, "text_config", None), "vocab_size", None
+    )
+    return size if isinstance(size, int) else len(tokenizer.get_vocab())
 
 
 def over_context(req: Generate, context_length: int, prompt_tokens: int) -> Rejected | None:

@@ -25,10 +25,13 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
-from steward.worker.protocol import Done, Generate, Rejected, Step, Token, prompt_text
+from steward.worker.logits import Processor
+from steward.worker.logprobs import Wanted
+from steward.worker.protocol import Done, Generate, Logprob, Rejected, Step, Token, prompt_text
 from steward.worker.sampling import sampler
 from steward.worker.solo import Solo
 from steward.worker.stops import StopMatcher
+from steward.worker.toolcalls import ToolCalls
 
 PREFILL_STEP = 512  # prompt tokens per prefill chunk: the batch waits at most one chunk
 PREFILL_BATCH = 8  # prompts prefilled together
@@ -41,6 +44,8 @@ class Out(NamedTuple):
 
     token: int
     finish_reason: str | None
+    logprobs: Any
+    uid: None = None
 
 
 @dataclass(eq=False)
@@ -50,6 +55,8 @@ class Member:
     cached_tokens: int
     detokenizer: Any
     stops: StopMatcher
+    calls: ToolCalls | None
+    processor: Processor | None
     admitted: float
     marked: str  # what fault-injection markers are looked for in ("" without injection)
     first: float = 0.0
@@ -105,27 +112,38 @@ class Engine:
         # The canary always computes afresh: after a fault, it checks the whole path.
         cache, rest = self._cached(tokens) if req.id >= 0 else (None, tokens)
         held = len(tokens) - len(rest)  # tokens whose KV came from the prompt cache
+        try:
+            processor = backend.processor(req)
+        except ValueError as exc:
+            return Rejected(req.id, "validation_error", str(exc))
         member = Member(
             req,
             len(prompt),
             min(held, len(prompt)),  # what usage reports: of the prompt
             backend.tokenizer.detokenizer,
             StopMatcher(req.stop),
+            backend.tool_calls(req),
+            processor,
             time.perf_counter(),
             marked,
             count=len(req.resume),
             resumed=len(req.resume),
         )
-        for token in req.resume:  # the text the client has: through detokenizer and stops
+        for token in req.resume:  # the answer the client has: its state, not its text
             member.detokenizer.add_token(token)
-            member.stops.feed(member.detokenizer.last_segment)
+            piece, _ = member.stops.feed(member.detokenizer.last_segment)
+            if member.calls is not None:
+                member.calls.feed(piece)
         max_tokens = (req.max_tokens or backend.context_length - len(prompt)) - member.count
         if max_tokens < 1:  # the fault struck after the last token: nothing is left to do
             self.finished.append(self._done(member, "length"))
             return None
-        draw = sampler(req.temperature, req.top_p, req.seed, position=len(req.resume))
+        draw = sampler(req, position=len(req.resume))
+        processors = [processor] if processor is not None else []
         if self.solo is None and not self.members:
-            solo = Solo(backend.model, tokens, cache, held, draw, max_tokens, PREFILL_STEP)
+            solo = Solo(
+                backend.model, tokens, cache, held, draw, processors, max_tokens, PREFILL_STEP
+            )
             self.solo = (member, solo)
             return None
         self._handover()
@@ -135,6 +153,7 @@ class Engine:
             caches=[cache],
             all_tokens=[tokens[:held]],
             samplers=[draw],
+            logits_processors=[processors],
         )
         self.members[uid] = member
         self.uids[req.id] = uid
@@ -149,6 +168,7 @@ class Engine:
     def step(self) -> Step:
         if self.solo is not None:
             return self._solo_step()
+        self._arm_grammars()
         prompts, outputs = self.generator.next() if self.members else ([], [])
         step = Step(
             tokens=[],
@@ -158,12 +178,15 @@ class Engine:
         self.finished = []
         size = len(self.members)
         now = time.perf_counter()
+        logprobs = self._logprobs(
+            [(self.members.get(out.uid), out) for out in outputs if out.finish_reason != "stop"]
+        )
         for out in outputs:
             member = self.members.get(out.uid)
             if member is None:
                 continue
             member.batch = max(member.batch, size)
-            finish = self._advance(member, out, now, step.tokens)
+            finish = self._advance(member, out, now, step.tokens, logprobs.get(out.uid))
             if finish is not None:
                 self._remember(out.all_tokens, out.prompt_cache)
                 step.done.append(self._leave(out.uid, finish, generator_done=out.finish_reason))
@@ -185,9 +208,39 @@ class Engine:
             self.cache = LRUPromptCache(CACHE_ENTRIES, self.cache.max_bytes)
         return ids
 
-    def _advance(self, member: Member, out: Any, now: float, tokens: list[Token]) -> str | None:
-        """One generated token (or, at EOS, none): its text, past stop strings; the finish
-        reason if the member is done."""
+    def _arm_grammars(self) -> None:
+        """Arm the coming step's grammar rows (`BatchStep`) with the tokens it feeds, still
+        on the device. (mlx-lm's generation batch is read directly: its `uids` and the
+        tokens it sampled last, `_next_tokens`.)"""
+        self.backend.batch_step.pending = None
+        batch = self.generator._generation_batch
+        rows = [
+            (i, member.processor)
+            for i, uid in enumerate(batch.uids)
+            if (member := self.members.get(uid)) is not None
+            and member.processor is not None
+            and member.processor.grammar is not None
+        ]
+        if rows and batch._next_tokens is not None:
+            self.backend.batch_step.arm(batch._next_tokens, rows)
+
+    def _logprobs(self, outputs: list[tuple[Member | None, Any]]) -> dict[Any, Logprob]:
+        """The step's log-probabilities for the members that asked, by uid."""
+        wanted: list[Wanted] = []
+        uids = []
+        for member, out in outputs:
+            if member is not None and member.req.logprobs >= 0:
+                wanted.append((int(out.token), member.req.logprobs, out.logprobs))
+                uids.append(out.uid)
+        if not wanted:
+            return {}
+        return dict(zip(uids, self.backend.logprobs.rows(wanted), strict=True))
+
+    def _advance(
+        self, member: Member, out: Any, now: float, tokens: list[Token], logprob: Logprob | None
+    ) -> str | None:
+        """One generated token (or, at EOS, none): its text, past stop strings and tool
+        calls; the finish reason if the member is done."""
         req = member.req
         real = out.finish_reason != "stop"  # the EOS that ends a sequence is no token
         if real:
@@ -202,8 +255,16 @@ class Engine:
         finish = "stop" if stopped else out.finish_reason
         if finish and not stopped:
             piece += member.stops.flush()
-        if piece or real:
-            tokens.append(Token(req.id, int(out.token) if real else -1, piece))
+        calls = []
+        if member.calls is not None:
+            piece, calls = member.calls.feed(piece)
+            if finish:
+                rest, more = member.calls.finish()
+                piece, calls = piece + rest, calls + more
+            if finish == "stop" and member.calls.made:
+                finish = "tool_calls"
+        if piece or real or calls:
+            tokens.append(Token(req.id, int(out.token) if real else -1, piece, logprob, calls))
         return finish
 
     def _solo_step(self) -> Step:
@@ -211,14 +272,17 @@ class Engine:
         member, solo = self.solo
         step = Step(tokens=[], done=self.finished, prefilled=[])
         self.finished = []
-        token = solo.next()
-        if token is None:
+        drawn = solo.next()
+        if drawn is None:
             step.prefilled.append(member.req.id)
             return step
+        token, row = drawn
         finish = "stop" if token in self.eos else None
         if finish is None and member.new + 1 >= solo.max_tokens:
             finish = "length"
-        finish = self._advance(member, Out(token, finish), time.perf_counter(), step.tokens)
+        out = Out(token, finish, row)
+        logprob = self._logprobs([(member, out)]).get(None) if finish != "stop" else None
+        finish = self._advance(member, out, time.perf_counter(), step.tokens, logprob)
         if finish is not None:
             step.done.append(self._solo_done(finish))
         return step
@@ -243,6 +307,7 @@ class Engine:
             caches=[cache],
             all_tokens=[held],
             samplers=[solo.sampler],
+            logits_processors=[solo.processors],
         )
         self.members[uid] = member
         self.uids[member.req.id] = uid

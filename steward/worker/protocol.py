@@ -34,8 +34,19 @@ class Generate(_Msg):
     prompt: str | None = None
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = {}
     stop: list[str] = []
     seed: int | None = None
+    logprobs: int = -1  # -1: none; else the chosen token's and this many top entries
+    grammar: str | None = None  # an llguidance grammar the answer must match
+    tools: list[dict[str, Any]] | None = None  # for the chat template
+    calls: str = ""  # tool calls: "" none, "auto" the model's format, "list" or "named" forced
+    call_name: str = ""  # the function a "named" answer's arguments are for
     images: list[bytes] = []  # encoded, validated and downscaled by the front, in part order
     resume: list[int] = []  # after a fault: the answer's tokens the client already has
     armed: list[int] = []  # fault-injection specs with a period that fire on this request
@@ -90,12 +101,42 @@ class Heartbeat(_Msg):
     """Sent every second by a worker thread: the process is alive and its GIL is free."""
 
 
+class _Part(msgspec.Struct, frozen=True, array_like=True):
+    pass
+
+
+class TopLogprob(_Part):
+    token: str
+    raw: bytes  # the token's bytes (OpenAI's `bytes`)
+    logprob: float
+
+
+class Logprob(_Part):
+    """The chosen token's log-probability and the most likely alternatives, from the
+    distribution the token was drawn from."""
+
+    token: str
+    raw: bytes  # the token's bytes (OpenAI's `bytes`)
+    logprob: float
+    top: list[TopLogprob] = []
+
+
+class CallDelta(_Part):
+    """Part of tool call `index`: `name` on its first part, then pieces of `arguments`."""
+
+    index: int
+    name: str | None
+    arguments: str
+
+
 class Token(_Msg):
     """`token` is -1 for text that is no token of its own (a stop string's held text)."""
 
     id: int
     token: int
     text: str
+    logprob: Logprob | None = None
+    calls: list[CallDelta] = []
 
 
 class Done(_Msg):

@@ -15,7 +15,7 @@ class StopMatcher:
         if hits:
             out, self.pending = self.pending[: min(hits)], ""
             return out, True
-        hold = max((self._overlap(s) for s in self.stops), default=0)
+        hold = max((overlap(self.pending, s) for s in self.stops), default=0)
         cut = len(self.pending) - hold
         out, self.pending = self.pending[:cut], self.pending[cut:]
         return out, False
@@ -24,9 +24,10 @@ class StopMatcher:
         out, self.pending = self.pending, ""
         return out
 
-    def _overlap(self, stop: str) -> int:
-        """Length of the longest tail of `pending` that starts `stop`."""
-        for n in range(min(len(stop) - 1, len(self.pending)), 0, -1):
-            if stop.startswith(self.pending[-n:]):
-                return n
-        return 0
+
+def overlap(text: str, marker: str) -> int:
+    """Length of the longest tail of `text` that starts `marker` (to be held back)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0

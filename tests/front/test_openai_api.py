@@ -129,7 +129,7 @@ def assert_envelope(response: httpx.Response, status: int, kind: str) -> dict:
             "validation_error",
         ),
         ("POST", "/v1/chat/completions", {"messages": []}, 400, "validation_error"),
-        ("POST", "/v1/chat/completions", {"messages": QUESTION, "n": 3}, 400, "validation_error"),
+        ("POST", "/v1/chat/completions", {"messages": QUESTION, "n": 9}, 400, "validation_error"),
         (
             "POST",
             "/v1/chat/completions",

@@ -1,0 +1,84 @@
+"""Structured outputs and forced tool calls: the grammar the answer must match.
+
+`response_format` `json_object` and `json_schema` (strict or not, the schema is enforced),
+and `tool_choice` `required` or a named function, become one llguidance grammar, checked
+here so that a schema llguidance cannot compile is the request's 400 naming what is
+unsupported. The worker compiles it again against its tokenizer and masks every token the
+grammar forbids: the answer matches with any model, in a batch, in a stream, and after a
+resume (the grammar is fed the tokens the client already has).
+
+JSON is compiled without free whitespace (`{"a": 1, "b": [2, 3]}` as `json.dumps` writes
+it): a small model let loose on optional whitespace can fill its whole budget with it.
+`oneOf` is treated as `anyOf` (Pydantic's discriminated unions are `oneOf` with a `const`
+discriminator, for which the two are the same).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+
+from steward.errors import ApiError
+from steward.front.schemas import ChatRequest, NamedTool
+
+OPTIONS = {"whitespace_flexible": False, "coerce_one_of": True}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the worker gets: the grammar, and how the answer carries tool calls."""
+
+    grammar: str | None = None
+    calls: str = ""  # "", "auto", "named", "list" (see worker/toolcalls.py)
+    call_name: str = ""
+
+    def params(self) -> dict[str, Any]:
+        return {"grammar": self.grammar, "calls": self.calls, "call_name": self.call_name}
+
+
+def constraint(body: ChatRequest) -> Constraint:
+    """The request's grammar and tool-call mode; ApiError if its schema cannot compile."""
+    choice = body.choice()
+    tools = {tool.function.name: tool.function for tool in body.tools or []}
+    if isinstance(choice, NamedTool):
+        name = choice.function.name
+        params = tools[name].parameters or ANY_OBJECT
+        return Constraint(grammar(params, f"tools.{name}.parameters"), "named", name)
+    if choice == "required":
+        calls = {
+            "type": "array",
+            "minItems": 1,
+            "items": {"anyOf": [_call_schema(name, f.parameters) for name, f in tools.items()]},
+        }
+        if not body.parallel_tool_calls:
+            calls["maxItems"] = 1
+        return Constraint(grammar(calls, "tools"), "list")
+    if choice == "auto":
+        return Constraint(calls="auto")
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return Constraint()
+    schema = fmt.json_schema.schema_ if fmt.json_schema else None
+    return Constraint(grammar(schema or ANY_OBJECT, "response_format"))
+
+
+def _call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": parameters or ANY_OBJECT},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def grammar(schema: dict[str, Any], where: str) -> str:
+    try:
+        compiled = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=OPTIONS)
+    except ValueError as exc:
+        raise ApiError("validation_error", f"{where}: not a JSON schema: {exc}") from None
+    if error := llguidance.LLMatcher.validate_grammar(compiled):
+        raise ApiError("validation_error", f"{where}: the schema is not supported: {error}")
+    return compiled

@@ -1,0 +1,95 @@
+"""What shapes one request's distribution before it is sampled: `logit_bias`, the
+presence, frequency and repetition penalties, and the grammar's mask.
+
+mlx-lm calls a processor as `processor(tokens, logits)` before each sampling, with the
+token just fed last. The processor counts the answer's tokens itself, on the device, so
+the penalties never wait for a token to reach the CPU and are the same whether the request
+runs alone, in a batch, or resumes after a fault: they count the answer's tokens (the
+prompt's do not count, as in vLLM's presence and frequency penalties).
+
+Only a grammar needs each token on the CPU. In a batch the engine reads the tokens of the
+whole step at once and computes every member's mask before the step (`given`); alone, the
+processor reads the token itself, then starts the forward pass, and computes the mask
+while the device works.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from steward.worker.grammar import BatchStep, Grammar
+from steward.worker.protocol import Generate
+
+
+class Processor:
+    def __init__(self, req: Generate, grammar: Grammar | None, step: BatchStep) -> None:
+        self.bias = (
+            (mx.array(list(req.logit_bias)), mx.array(list(req.logit_bias.values())))
+            if req.logit_bias
+            else None
+        )
+        self.presence = req.presence_penalty
+        self.frequency = req.frequency_penalty
+        self.repetition = req.repetition_penalty
+        self.penalised = bool(self.presence or self.frequency or self.repetition != 1.0)
+        self.grammar = grammar
+        self.step = step
+        self.counts: mx.array | None = None  # each token's count in the answer, once sized
+        self.answer = list(req.resume)  # tokens counted before the first call
+        self.fed = False  # the last token fed is the answer's (not the prompt's)
+        self.given = False  # the engine fed the grammar and filled its mask for this step
+
+    def give(self, token: int) -> None:
+        """The token this step feeds, read with the whole batch's (`BatchStep`); the mask
+        is then filled with the batch's."""
+        if self.fed and self.grammar is not None:
+            self.grammar.accept(token)
+        self.given = True
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        grammar = self.grammar
+        if grammar is not None and not self.given and self.step is not None:
+            self.step.ready(logits)  # in a batch: every row's token and mask at once
+        if grammar is not None and not self.given:  # alone, or the answer's first token
+            mx.async_eval(logits)  # the forward pass runs while the mask is computed
+            if self.fed:
+                grammar.accept(_last(tokens))
+            grammar.fill()
+        if self.fed:
+            self._count(tokens[-1:])
+        self.fed = True
+        self.given = False
+        dtype = logits.dtype
+        if self.bias is not None:
+            logits = logits.at[:, self.bias[0]].add(self.bias[1])
+        if self.penalised:
+            logits = self._penalise(logits)
+        if grammar is not None:
+            logits = grammar.mask(logits)
+        return logits.astype(dtype)
+
+    def rewind(self) -> None:
+        """The next call feeds the last token again (a solo request handed to the batch):
+        it is counted already."""
+        self.fed = False
+
+    def _count(self, token: mx.array) -> None:
+        if self.penalised and self.counts is not None:
+            self.counts = self.counts.at[token].add(1)
+
+    def _penalise(self, logits: mx.array) -> mx.array:
+        if self.counts is None:
+            self.counts = mx.zeros((logits.shape[-1],), mx.float32)
+            if self.answer:
+                self.counts = self.counts.at[mx.array(self.answer)].add(1)
+        seen = self.counts > 0
+        if self.repetition != 1.0:
+            penalised = mx.where(logits < 0, logits * self.repetition, logits / self.repetition)
+            logits = mx.where(seen, penalised, logits)
+        return logits - self.presence * seen - self.frequency * self.counts
+
+
+def _last(tokens: mx.array) -> int:
+    """The token just fed. Alone, `tokens` is that token's own array, already on its way
+    (queued before the forward pass): reading it waits for nothing else."""
+    return int(tokens.item() if tokens.size == 1 else tokens[-1].item())
