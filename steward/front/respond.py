@@ -7,6 +7,7 @@ still be replayed, or answered as an ordinary error response rather than a broke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import time
@@ -330,15 +331,16 @@ async def _stream(
     opened: set[int] = set()
     dones: list[Done] = []
     try:
-        async for index, event in _events(waiters, firsts):
-            if isinstance(event, Done):
-                if index not in opened:
-                    yield answer.chunk(index, Token(-1, -1, ""), first=True)
-                yield answer.chunk(index, None, event)
-                dones.append(event)
-                continue
-            yield answer.chunk(index, event, first=index not in opened)
-            opened.add(index)
+        async with contextlib.aclosing(_events(waiters, firsts)) as events:
+            async for index, event in events:
+                if isinstance(event, Done):
+                    if index not in opened:
+                        yield answer.chunk(index, Token(-1, -1, ""), first=True)
+                    yield answer.chunk(index, None, event)
+                    dones.append(event)
+                    continue
+                yield answer.chunk(index, event, first=index not in opened)
+                opened.add(index)
         if answer.include_usage:
             yield answer.usage_chunk(dones)
         yield "data: [DONE]\n\n"
