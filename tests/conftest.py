@@ -14,12 +14,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 def until(check: Callable[[], object], within: float, what: str) -> None:
@@ -28,6 +30,14 @@ def until(check: Callable[[], object], within: float, what: str) -> None:
     while not check():
         assert time.monotonic() < deadline, f"not {what} within {within} s"
         time.sleep(0.02)
+
+
+def reply(call: Callable[[], T]) -> T | None:
+    """What `call` gets, or None while nothing listens yet (for `until`)."""
+    try:
+        return call()
+    except httpx.TransportError:
+        return None
 
 
 def free_port() -> int:

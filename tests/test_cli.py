@@ -6,14 +6,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from steward import __version__
 from steward.model.resolve import resolve_model
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, reply, until
 
 
 def steward(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
@@ -103,14 +102,9 @@ def test_port_from_the_environment(tiny_model: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                assert httpx.get(f"http://127.0.0.1:{port}/health/live").status_code == 200
-                return
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise AssertionError("STEWARD_PORT not honoured")
+        live = f"http://127.0.0.1:{port}/health/live"
+        until(lambda: reply(lambda: httpx.get(live)), 30, "STEWARD_PORT honoured")
+        assert httpx.get(live).status_code == 200
     finally:
         proc.terminate()
         proc.wait(30)

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Server, free_port
+from tests.conftest import ROOT, Server, free_port, until
 
 CONFIG = ROOT / "deploy" / "haproxy.cfg"
 BODY = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}
@@ -141,16 +141,16 @@ def test_poisoned_replica_is_taken_out_and_back_with_zero_failures(
     poisoned.wait()
     proxy = haproxy({"a": healthy.port, "b": poisoned.port})
     with httpx.Client(timeout=10) as probe:
-        deadline = time.monotonic() + 20
-        while True:  # servers start UP; wait for a first passed check on each
-            try:
-                stats = proxy.stats(probe)
-                if len(stats) == 2 and all(r["check_status"] == "L7OK" for r in stats.values()):
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, proxy.log.read_text()
-            time.sleep(0.1)
+
+        def checked() -> bool:  # servers start UP; wait for a first passed check on each
+            stats = reply(lambda: proxy.stats(probe))
+            return (
+                bool(stats)
+                and len(stats) == 2
+                and all(r["check_status"] == "L7OK" for r in stats.values())
+            )
+
+        until(checked, 20, "both servers checked")
 
     watch = StatsWatch(proxy)
     failures: list[str] = []
@@ -161,9 +161,7 @@ def test_poisoned_replica_is_taken_out_and_back_with_zero_failures(
             if reply.status_code != 200:
                 failures.append(f"{i}: {reply.status_code} {reply.text[:200]}")
         with httpx.Client(timeout=5) as probe:  # b may still be rising: let it finish
-            deadline = time.monotonic() + 20
-            while proxy.stats(probe)["b"]["status"] != "UP" and time.monotonic() < deadline:
-                time.sleep(0.1)
+            until(lambda: proxy.stats(probe)["b"]["status"] == "UP", 20, "b back UP")
             final = proxy.stats(probe)
             # Back in rotation means traffic again: b takes its share of new requests.
             for _ in range(10):

@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import resource
+import select
 import socket
 import subprocess
 import sys
@@ -155,10 +156,10 @@ def test_busy_connections_over_the_cap_get_503_but_probes_are_answered(capped) -
     try:
         for sock in held:
             sock.sendall(MID_BODY)
-        deadline = time.monotonic() + 3  # until the server has taken all 4 in
-        while (refused := status_of(capped, "/v1/models")).status_code != 503:
-            assert time.monotonic() < deadline, f"4 connections held, still {refused.text}"
-            time.sleep(0.05)
+        until(  # the server took all 4 in
+            lambda: status_of(capped, "/v1/models").status_code == 503, 3, "refusing at the cap"
+        )
+        refused = status_of(capped, "/v1/models")
         body = assert_envelope(refused, 503, "too_many_connections")
         assert body["error"]["retryable"] is True
         assert int(refused.headers["retry-after"]) >= 1
@@ -177,10 +178,14 @@ def test_idle_connections_over_the_cap_make_room(capped) -> None:
     until(lambda: status_of(capped, "/v1/models").status_code == 200, 5, "serving")
     held = [rawhttp.connect(capped.port) for _ in range(4)]
     try:
-        time.sleep(0.2)  # all 4 accepted and waiting for headers
-        served = status_of(capped, "/v1/models")
-        assert served.status_code == 200, served.text
-        rawhttp.wait_closed(held[0], 3)  # the longest idle one
+
+        def served_and_evicted() -> bool:  # once the server took all 4 in, the 5th evicts
+            served = status_of(capped, "/v1/models")
+            assert served.status_code == 200, served.text
+            return select.select([held[0]], [], [], 0)[0] != []  # EOF: the longest idle one
+
+        until(served_and_evicted, 3, "the longest idle connection closed")
+        rawhttp.wait_closed(held[0], 1)
     finally:
         for sock in held:
             sock.close()

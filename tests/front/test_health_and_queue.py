@@ -11,6 +11,7 @@ import time
 
 import httpx
 
+from tests.conftest import reply, until
 from tests.front.test_openai_api import assert_envelope
 
 PROMPT = {"prompt": "hello", "max_tokens": 8, "temperature": 0}
@@ -18,14 +19,9 @@ PROMPT = {"prompt": "hello", "max_tokens": 8, "temperature": 0}
 
 def test_starting_is_503_until_loaded_and_canary_passed(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "load:slow=4")
-    seen = None
-    deadline = time.monotonic() + 30
-    while seen is None and time.monotonic() < deadline:
-        try:
-            seen = server.health()
-        except httpx.TransportError:
-            time.sleep(0.05)
-    assert seen is not None and seen.status_code == 503
+    until(lambda: reply(server.health), 30, "listening")
+    seen = server.health()
+    assert seen.status_code == 503
     assert seen.json()["status"] == "starting"
     assert int(seen.headers["retry-after"]) >= 1
     for field in (

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
+
+from tests.conftest import until
 
 
 def alive(pid: int) -> bool:
@@ -36,7 +37,4 @@ def test_worker_dies_with_front(serve, tiny_model, sig, code) -> None:
     assert alive(worker)
     server.proc.send_signal(sig)
     assert server.exit_code() == code
-    deadline = time.monotonic() + 5
-    while alive(worker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(worker)
+    until(lambda: not alive(worker), 5, "the worker gone")
