@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Server, free_port, until
+from tests.conftest import ROOT, Server, free_port, reply, until
 
 CONFIG = ROOT / "deploy" / "haproxy.cfg"
 BODY = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2}
@@ -157,9 +157,9 @@ def test_poisoned_replica_is_taken_out_and_back_with_zero_failures(
     before = poisoned.health().json()
     with httpx.Client(base_url=proxy.url, timeout=120) as client:
         for i in range(200):
-            reply = client.post("/v1/chat/completions", json=BODY)
-            if reply.status_code != 200:
-                failures.append(f"{i}: {reply.status_code} {reply.text[:200]}")
+            answer = client.post("/v1/chat/completions", json=BODY)
+            if answer.status_code != 200:
+                failures.append(f"{i}: {answer.status_code} {answer.text[:200]}")
         with httpx.Client(timeout=5) as probe:  # b may still be rising: let it finish
             until(lambda: proxy.stats(probe)["b"]["status"] == "UP", 20, "b back UP")
             final = proxy.stats(probe)
