@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import time
 from collections import Counter
@@ -39,6 +38,7 @@ import httpx
 import llguidance
 import llguidance.hf
 
+from bench.client import pooled, stream_chat
 from bench.overhead import bench_model, start_server
 from steward.front.structured import grammar
 
@@ -113,41 +113,19 @@ def schema_check(model_dir: Path, wanted: dict[str, Any]) -> Check:
 async def one(
     client: httpx.AsyncClient, body: dict[str, Any], check: Check | None, mode: Mode
 ) -> None:
-    started = time.perf_counter()
-    first: float | None = None
-    text: list[str] = []
-    usage = timings = finish = None
-    try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                mode.errors[f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"] += 1
-                return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    mode.errors[f"stream: {chunk['error']}"] += 1
-                    return
-                for choice in chunk["choices"]:
-                    if content := choice["delta"].get("content"):
-                        first = first or time.perf_counter()
-                        text.append(content)
-                    finish = choice["finish_reason"] or finish
-                usage = chunk.get("usage") or usage
-                timings = chunk.get("timings") or timings
-    except httpx.HTTPError as exc:
-        mode.errors[type(exc).__name__] += 1
+    seen = await stream_chat(client, body)
+    if isinstance(seen, str):
+        mode.errors[seen] += 1
         return
-    if first is None or usage is None or timings is None:
+    if not seen.times or seen.usage is None or seen.timings is None:
         mode.errors["no content, usage or timings"] += 1
         return
-    if check and (problem := check("".join(text), finish)):
+    if check and (problem := check("".join(seen.text), seen.finish)):
         mode.errors[problem] += 1
-    mode.tokens += usage["completion_tokens"]
-    mode.ttfts.append(first - started)
-    mode.worker_tps.append(timings["predicted_per_second"])
-    mode.finishes[str(finish)] += 1
+    mode.tokens += seen.usage["completion_tokens"]
+    mode.ttfts.append(seen.times[0] - seen.started)
+    mode.worker_tps.append(seen.timings["predicted_per_second"])
+    mode.finishes[str(seen.finish)] += 1
 
 
 async def batch(
@@ -166,10 +144,7 @@ async def level(
     bodies = {m: [request(i, tokens, shapes[m]) for i in range(clients)] for m in MODES}
     checks = {"unconstrained": None, "constrained": check}
     results = {m: Mode() for m in MODES}
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-    transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=nodelay)
-    async with httpx.AsyncClient(base_url=url, transport=transport, timeout=600) as client:
+    async with pooled(url, clients) as client:
         for m in MODES:  # unmeasured: prompts cached, grammar compiled, batch shapes seen
             await batch(client, bodies[m], checks[m], Mode())
         for r in range(rounds):

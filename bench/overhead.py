@@ -23,6 +23,8 @@ from typing import IO
 
 import httpx
 
+from bench.client import NODELAY
+
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
@@ -51,11 +53,9 @@ def steward_run(client: httpx.Client, tokens: int) -> tuple[float, float, int, d
 
 
 def client(url: str) -> httpx.Client:
-    """A keep-alive client with TCP_NODELAY, as a latency-minded SDK would use: without it,
-    Nagle plus the server's delayed ACK can add 40 ms to a request on Linux."""
-    nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+    """A keep-alive client with TCP_NODELAY, as a latency-minded SDK would use."""
     return httpx.Client(
-        base_url=url, transport=httpx.HTTPTransport(socket_options=nodelay), timeout=300
+        base_url=url, transport=httpx.HTTPTransport(socket_options=NODELAY), timeout=300
     )
 
 

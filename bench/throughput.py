@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.client import pooled, stream_chat
 from bench.overhead import bare_run, bench_model, start_server
 
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
@@ -55,33 +55,16 @@ async def one(client: httpx.AsyncClient, model: str, tokens: int, level: Level) 
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    started = time.perf_counter()
-    times: list[float] = []
-    usage = timings = None
-    try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                level.error(str(r.status_code))
-                return
-            async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    level.error(chunk["error"].get("type", "stream error"))
-                    return
-                if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-                    times.append(time.perf_counter())
-                usage = chunk.get("usage") or usage
-                timings = chunk.get("timings") or timings
-    except httpx.HTTPError as exc:
-        level.error(type(exc).__name__)
+    seen = await stream_chat(client, body)
+    if isinstance(seen, str):
+        level.error(seen)
         return
+    times, usage, timings = seen.times, seen.usage, seen.timings
     if not times:
         level.error("no tokens")
         return
     level.tokens += usage["completion_tokens"] if usage else len(times)
-    level.ttfts.append(times[0] - started)
+    level.ttfts.append(times[0] - seen.started)
     if len(times) > 1:
         level.client_tps.append((len(times) - 1) / (times[-1] - times[0]))
     if timings:
@@ -90,10 +73,7 @@ async def one(client: httpx.AsyncClient, model: str, tokens: int, level: Level) 
 
 async def load(url: str, model: str, clients: int, rounds: int, tokens: int) -> Level:
     level = Level()
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-    transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=nodelay)
-    async with httpx.AsyncClient(base_url=url, transport=transport, timeout=600) as client:
+    async with pooled(url, clients) as client:
 
         async def user() -> None:
             for _ in range(rounds):

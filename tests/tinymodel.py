@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -47,47 +49,78 @@ def build_tiny_model(
     --heads 32 --kv-heads 8 --ffn 8192 --dtype bfloat16` is a 1B llama for GPU benchmarks."""
     vocab, special = take_tokenizer(out, tokenizer_dir)
     kv_heads, ffn = kv_heads or heads // 2, ffn or 2 * hidden
-    head_dim = hidden // heads
-    config = {
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "num_hidden_layers": layers,
-        "intermediate_size": ffn,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "vocab_size": vocab,
-        "max_position_embeddings": context,
-        "tie_word_embeddings": True,
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-
-    rng = np.random.default_rng(0)
-
-    def normal(*shape: int) -> np.ndarray:
-        return rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
-
-    ones = np.ones(hidden, dtype=np.float32)
+    shape = Llama(vocab, hidden, layers, heads, kv_heads, ffn, context, tied=True)
+    normal = shape.write_config(out)
     embed = normal(vocab, hidden)
     embed[special] = 0
-    weights = {"model.embed_tokens.weight": embed, "model.norm.weight": ones}
+    weights = {"model.embed_tokens.weight": embed, "model.norm.weight": shape.ones}
     for i in range(layers):
+        weights |= shape.layer(i, normal)
+    save(out, weights, dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class Llama:
+    """A llama's sizes: its config, and a layer's seeded random weights."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    context: int
+    tied: bool
+
+    @property
+    def ones(self) -> np.ndarray:
+        return np.ones(self.hidden, dtype=np.float32)
+
+    def write_config(self, out: Path) -> Callable[..., np.ndarray]:
+        """Write config.json; the seeded draw of normal weights, scaled by fan-in."""
+        config = {
+            "model_type": "llama",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.ffn,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": self.context,
+            "tie_word_embeddings": self.tied,
+        }
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        rng = np.random.default_rng(0)
+        return lambda *shape: (
+            rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
+        )
+
+    def layer(
+        self, i: int, normal: Callable[..., np.ndarray], silent: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Layer `i`'s weights; a `silent` layer adds nothing to the residual stream."""
+        hidden, ffn, head_dim = self.hidden, self.ffn, self.hidden // self.heads
+        out = (lambda *shape: np.zeros(shape, np.float32)) if silent else normal
         p = f"model.layers.{i}"
-        weights |= {
-            f"{p}.self_attn.q_proj.weight": normal(heads * head_dim, hidden),
-            f"{p}.self_attn.k_proj.weight": normal(kv_heads * head_dim, hidden),
-            f"{p}.self_attn.v_proj.weight": normal(kv_heads * head_dim, hidden),
-            f"{p}.self_attn.o_proj.weight": normal(hidden, heads * head_dim),
+        return {
+            f"{p}.self_attn.q_proj.weight": normal(self.heads * head_dim, hidden),
+            f"{p}.self_attn.k_proj.weight": normal(self.kv_heads * head_dim, hidden),
+            f"{p}.self_attn.v_proj.weight": normal(self.kv_heads * head_dim, hidden),
+            f"{p}.self_attn.o_proj.weight": out(hidden, self.heads * head_dim),
             f"{p}.mlp.gate_proj.weight": normal(ffn, hidden),
             f"{p}.mlp.up_proj.weight": normal(ffn, hidden),
-            f"{p}.mlp.down_proj.weight": normal(hidden, ffn),
-            f"{p}.input_layernorm.weight": ones,
-            f"{p}.post_attention_layernorm.weight": ones,
+            f"{p}.mlp.down_proj.weight": out(hidden, ffn),
+            f"{p}.input_layernorm.weight": self.ones,
+            f"{p}.post_attention_layernorm.weight": self.ones,
         }
+
+
+def save(out: Path, weights: dict[str, np.ndarray], dtype: str = "float32") -> None:
     arrays = {k: mx.array(v).astype(getattr(mx, dtype)) for k, v in weights.items()}
     mx.save_safetensors(str(out / "model.safetensors"), arrays, metadata={"format": "mlx"})
-    return out
 
 
 # A template in LFM2's tool-call format (mlx-lm's `pythonic` parser, which it infers from
@@ -172,22 +205,8 @@ def build_scripted_model(
         raise ValueError(f"{len(chain)} script tokens need hidden > {len(chain)}")
 
     vocab = next_id
-    heads, kv_heads, ffn = 4, 2, 2 * hidden
-    head_dim = hidden // heads
-    config = {
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "num_hidden_layers": 1,
-        "intermediate_size": ffn,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "vocab_size": vocab,
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": False,
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    shape = Llama(vocab, hidden, 1, heads=4, kv_heads=2, ffn=2 * hidden, context=2048, tied=False)
+    normal = shape.write_config(out)
 
     # Direction 0: any token off the script; direction k + 1: the chain's k-th token.
     embed = np.zeros((vocab, hidden), dtype=np.float32)
@@ -201,29 +220,13 @@ def build_scripted_model(
         embed[token, k + 1] = 1
         follower = chain[k + 1] if k + 1 < len(chain) else eos
         head[follower, k + 1] = 4
-    rng = np.random.default_rng(0)
-
-    def normal(*shape: int) -> np.ndarray:
-        return rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
-
-    ones = np.ones(hidden, dtype=np.float32)
-    p = "model.layers.0"
     weights = {
         "model.embed_tokens.weight": embed,
-        "model.norm.weight": ones,
+        "model.norm.weight": shape.ones,
         "lm_head.weight": head,
-        f"{p}.self_attn.q_proj.weight": normal(heads * head_dim, hidden),
-        f"{p}.self_attn.k_proj.weight": normal(kv_heads * head_dim, hidden),
-        f"{p}.self_attn.v_proj.weight": normal(kv_heads * head_dim, hidden),
-        f"{p}.self_attn.o_proj.weight": np.zeros((hidden, heads * head_dim), np.float32),
-        f"{p}.mlp.gate_proj.weight": normal(ffn, hidden),
-        f"{p}.mlp.up_proj.weight": normal(ffn, hidden),
-        f"{p}.mlp.down_proj.weight": np.zeros((hidden, ffn), np.float32),
-        f"{p}.input_layernorm.weight": ones,
-        f"{p}.post_attention_layernorm.weight": ones,
+        **shape.layer(0, normal, silent=True),
     }
-    arrays = {k: mx.array(v) for k, v in weights.items()}
-    mx.save_safetensors(str(out / "model.safetensors"), arrays, metadata={"format": "mlx"})
+    save(out, weights)
     return out
 
 

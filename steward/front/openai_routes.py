@@ -68,7 +68,7 @@ async def generate(request: Request, kind: str, body: ChatRequest | CompletionRe
     urls = body.image_urls()
     if urls and not supervisor.vision:
         raise ApiError("validation_error", f"The model {model!r} does not take images.")
-    if supervisor.vision and (unsupported := _beyond_vision(body)):
+    if supervisor.vision and (unsupported := _beyond_vision(body, params)):
         raise ApiError("validation_error", f"not supported for vision models: {unsupported}")
     if isinstance(body, ChatRequest):  # a large schema compiles off the event loop
         params |= (await asyncio.to_thread(constraint, body)).params()
@@ -109,10 +109,10 @@ def _choices(payload: Generate, n: int) -> list[Generate]:
     return [msgspec.structs.replace(payload, seed=(payload.seed + i) % 2**32) for i in range(n)]
 
 
-def _beyond_vision(body: ChatRequest | CompletionRequest) -> str:
+def _beyond_vision(body: ChatRequest | CompletionRequest, params: dict[str, Any]) -> str:
     """What mlx-vlm's generation does not take (it has no logits processors)."""
     used = {
-        "logprobs": body.params()["logprobs"] >= 0,
+        "logprobs": params["logprobs"] >= 0,
         "logit_bias": bool(body.logit_bias),
         "penalties": bool(body.presence_penalty or body.frequency_penalty)
         or body.repetition_penalty != 1.0,

@@ -85,10 +85,8 @@ class Backend:
         if bad := [t for t in req.logit_bias if t >= self.vocab_size]:
             raise ValueError(f"logit_bias: token {bad[0]} is not in the vocabulary")
         grammar = self.grammars.start(req.grammar, list(req.resume)) if req.grammar else None
-        shaped = req.logit_bias or req.presence_penalty or req.frequency_penalty
-        if grammar is None and not shaped and req.repetition_penalty == 1.0:
-            return None
-        return Processor(req, grammar, self.batch_step)
+        processor = Processor(req, grammar, self.batch_step)
+        return processor if processor.shapes else None
 
     def tool_calls(self, req: Generate) -> ToolCalls | None:
         """How the answer's tool calls are found, if it may make any."""

@@ -45,7 +45,6 @@ class Out(NamedTuple):
     token: int
     finish_reason: str | None
     logprobs: Any
-    uid: None = None
 
 
 @dataclass(eq=False)
@@ -178,15 +177,13 @@ class Engine:
         self.finished = []
         size = len(self.members)
         now = time.perf_counter()
-        logprobs = self._logprobs(
-            [(self.members.get(out.uid), out) for out in outputs if out.finish_reason != "stop"]
-        )
-        for out in outputs:
-            member = self.members.get(out.uid)
+        members = [self.members.get(out.uid) for out in outputs]
+        logprobs = self._logprobs(members, outputs)
+        for member, out, logprob in zip(members, outputs, logprobs, strict=True):
             if member is None:
                 continue
             member.batch = max(member.batch, size)
-            finish = self._advance(member, out, now, step.tokens, logprobs.get(out.uid))
+            finish = self._advance(member, out, now, step.tokens, logprob)
             if finish is not None:
                 self._remember(out.all_tokens, out.prompt_cache)
                 step.done.append(self._leave(out.uid, finish, generator_done=out.finish_reason))
@@ -224,17 +221,20 @@ class Engine:
         if rows and batch._next_tokens is not None:
             self.backend.batch_step.arm(batch._next_tokens, rows)
 
-    def _logprobs(self, outputs: list[tuple[Member | None, Any]]) -> dict[Any, Logprob]:
-        """The step's log-probabilities for the members that asked, by uid."""
-        wanted: list[Wanted] = []
-        uids = []
-        for member, out in outputs:
-            if member is not None and member.req.logprobs >= 0:
-                wanted.append((int(out.token), member.req.logprobs, out.logprobs))
-                uids.append(out.uid)
-        if not wanted:
-            return {}
-        return dict(zip(uids, self.backend.logprobs.rows(wanted), strict=True))
+    def _logprobs(self, members: list[Member | None], outputs: list[Any]) -> list[Logprob | None]:
+        """Each output's log-probabilities, for the members that asked (not for the EOS
+        that ends a sequence: it is no token)."""
+        asked: list[tuple[int, Wanted]] = [
+            (i, (int(out.token), member.req.logprobs, out.logprobs))
+            for i, (member, out) in enumerate(zip(members, outputs, strict=True))
+            if member is not None and member.req.logprobs >= 0 and out.finish_reason != "stop"
+        ]
+        found: list[Logprob | None] = [None] * len(outputs)
+        if asked:
+            rows = self.backend.logprobs.rows([wanted for _, wanted in asked])
+            for (i, _), logprob in zip(asked, rows, strict=True):
+                found[i] = logprob
+        return found
 
     def _advance(
         self, member: Member, out: Any, now: float, tokens: list[Token], logprob: Logprob | None
@@ -281,7 +281,7 @@ class Engine:
         if finish is None and member.new + 1 >= solo.max_tokens:
             finish = "length"
         out = Out(token, finish, row)
-        logprob = self._logprobs([(member, out)]).get(None) if finish != "stop" else None
+        (logprob,) = self._logprobs([member], [out])
         finish = self._advance(member, out, time.perf_counter(), step.tokens, logprob)
         if finish is not None:
             step.done.append(self._solo_done(finish))

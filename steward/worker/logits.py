@@ -34,8 +34,9 @@ class Processor:
         self.penalised = bool(self.presence or self.frequency or self.repetition != 1.0)
         self.grammar = grammar
         self.step = step
+        self.shapes = bool(self.bias or self.penalised or grammar)  # else: no need to call it
         self.counts: mx.array | None = None  # each token's count in the answer, once sized
-        self.answer = list(req.resume)  # tokens counted before the first call
+        self.resumed = list(req.resume)  # tokens counted before the first call
         self.fed = False  # the last token fed is the answer's (not the prompt's)
         self.given = False  # the engine fed the grammar and filled its mask for this step
 
@@ -80,8 +81,8 @@ class Processor:
     def _penalise(self, logits: mx.array) -> mx.array:
         if self.counts is None:
             self.counts = mx.zeros((logits.shape[-1],), mx.float32)
-            if self.answer:
-                self.counts = self.counts.at[mx.array(self.answer)].add(1)
+            if self.resumed:
+                self.counts = self.counts.at[mx.array(self.resumed)].add(1)
         seen = self.counts > 0
         if self.repetition != 1.0:
             penalised = mx.where(logits < 0, logits * self.repetition, logits / self.repetition)

@@ -112,20 +112,23 @@ def test_a_required_tool_loop_gets_valid_arguments(default_server) -> None:
         "Weather in Rome, please.",
     ]
 
-    def call(question: str):
-        messages = [{"role": "user", "content": question}]
-        reply = client.chat.completions.create(
+    def call(messages: list[dict], **extra):
+        return client.chat.completions.create(
             model="smol",
             messages=messages,
             tools=TOOLS,
             tool_choice="required",
             max_tokens=60,
             temperature=0,
+            **extra,
         )
-        return messages, reply
+
+    def opening(question: str):
+        messages = [{"role": "user", "content": question}]
+        return messages, call(messages)
 
     with ThreadPoolExecutor(4) as pool:
-        replies = list(pool.map(call, questions))
+        replies = list(pool.map(opening, questions))
     for _, reply in replies:
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls", choice
@@ -136,15 +139,7 @@ def test_a_required_tool_loop_gets_valid_arguments(default_server) -> None:
             else:
                 assert tool_call.function.name == "get_time" and set(arguments) == {"city"}
     messages, reply = replies[0]
-    streamed = client.chat.completions.create(
-        model="smol",
-        messages=messages,
-        tools=TOOLS,
-        tool_choice="required",
-        max_tokens=60,
-        temperature=0,
-        stream=True,
-    )
+    streamed = call(messages, stream=True)
     calls: dict[int, dict] = {}
     for chunk in streamed:
         for choice in chunk.choices:
