@@ -85,7 +85,7 @@ class Backend:
         if bad := [t for t in req.logit_bias if t >= self.vocab_size]:
             raise ValueError(f"logit_bias: token {bad[0]} is not in the vocabulary")
         grammar = self.grammars.start(req.grammar, list(req.resume)) if req.grammar else None
-        processor = Processor(req, grammar, self.batch_step)
+        processor = Processor(req, grammar)
         return processor if processor.shapes else None
 
     def tool_calls(self, req: Generate) -> ToolCalls | None:

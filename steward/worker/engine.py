@@ -25,6 +25,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
+from steward.worker.grammar import Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
 from steward.worker.protocol import Done, Generate, Logprob, Rejected, Step, Token, prompt_text
@@ -83,7 +84,7 @@ class Engine:
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(
-            self.backend.model,
+            Masked(self.backend.model, self.backend.batch_step),
             stop_tokens=[[t] for t in self.eos],
             completion_batch_size=self.max_batch,
             prefill_batch_size=min(PREFILL_BATCH, self.max_batch),
@@ -219,7 +220,7 @@ class Engine:
             and member.processor.grammar is not None
         ]
         if rows and batch._next_tokens is not None:
-            self.backend.batch_step.arm(batch._next_tokens, rows)
+            self.backend.batch_step.arm(batch._next_tokens, rows, len(batch.uids))
 
     def _logprobs(self, members: list[Member | None], outputs: list[Any]) -> list[Logprob | None]:
         """Each output's log-probabilities, for the members that asked (not for the EOS

@@ -34,83 +34,101 @@ class Grammar:
         self.matcher = matcher
         self.eos = eos
         self.words = allocate_token_bitmask(1, vocab)  # what the next token may be
-        self.allowed: mx.array | None = None  # the same, on the device
+        self.padded = np.zeros((1, self.words.shape[1] + 1), np.int32)  # and past the vocab
 
     def accept(self, token: int) -> None:
         self.matcher.consume_token(token)
 
-    def fill(self) -> None:
-        """The mask for the next token, computed here (alone; `fill_all` for a batch)."""
+    def mask(self, logits: mx.array) -> mx.array:
+        """The next token's mask, computed and applied here (alone; `BatchStep` masks a
+        batch's rows together)."""
         fill_next_token_bitmask(self.matcher, self.words)
-        self._check(self.words[0])
-        self.allowed = mx.array(self.words[0].view(np.uint32))
+        self.check(self.words[0])
+        self.padded[:, :-1] = self.words
+        return _masked(logits, self.padded)
 
-    def _check(self, words: np.ndarray) -> None:
+    def check(self, words: np.ndarray) -> None:
         """In an error state (a token the grammar refused, which llguidance reports rather
         than raises) only EOS is allowed: the answer ends."""
         if self.matcher.is_error():
             words[:] = 0
             words.view(np.uint32)[self.eos // 32] = 1 << self.eos % 32
 
-    def mask(self, logits: mx.array) -> mx.array:
-        assert self.allowed is not None
-        word, bit, inside = _positions(logits.shape[-1], self.allowed.size)
-        return _masked(logits, self.allowed, word, bit, inside)
-
-
-def fill_all(grammars: list[Grammar], executor: llguidance.LLExecutor) -> None:
-    """Every member's mask for the next step, computed in parallel (llguidance's threads,
-    without the GIL) and moved to the device in one array."""
-    bits = allocate_token_bitmask(len(grammars), grammars[0].words.shape[1] * 32)
-    fill_next_token_bitmask_par(executor, [(g.matcher, i) for i, g in enumerate(grammars)], bits)
-    for grammar, words in zip(grammars, bits, strict=True):
-        grammar._check(words)
-    allowed = mx.array(bits.view(np.uint32))
-    for i, grammar in enumerate(grammars):
-        grammar.allowed = allowed[i]
-
 
 class BatchStep:
-    """The grammar rows of the coming batch step. The engine arms it with the tokens the
-    step feeds, still on the device; the first constrained row's processor queues the
-    forward pass, then reads those tokens (one wait, for the previous step only), feeds
-    every row and computes their masks while the device runs the forward pass."""
+    """A batch step's grammar masks, applied to the whole batch's logits at once.
+
+    The engine arms it before the step with the tokens the step feeds (still on the
+    device) and the rows under a grammar. The batch's model call (`Masked`) then reads
+    those tokens (one read for the batch), feeds each grammar, computes every mask on
+    llguidance's threads, and masks the logits in one operation: nothing is done row by
+    row on the device.
+    """
 
     def __init__(self, executor: llguidance.LLExecutor) -> None:
         self.executor = executor
-        self.pending: tuple[mx.array, list[tuple[int, Any]]] | None = None
+        self.pending: tuple[mx.array, list[tuple[int, Any]], int] | None = None
 
-    def arm(self, tokens: mx.array, rows: list[tuple[int, Any]]) -> None:
-        """`rows`: (row, processor) of every member under a grammar."""
-        self.pending = (tokens, rows)
+    def arm(self, tokens: mx.array, rows: list[tuple[int, Any]], size: int) -> None:
+        """`rows`: (row, processor) of each member under a grammar, of `size` rows."""
+        self.pending = (tokens, rows, size)
 
-    def ready(self, logits: mx.array) -> None:
-        if self.pending is None:
-            return
-        tokens, rows = self.pending
+    def apply(self, logits: mx.array) -> mx.array:
+        """`logits` of a model call; masked if it is the armed step's (size, 1, vocab)."""
+        if self.pending is None or logits.shape[:2] != (self.pending[2], 1):
+            return logits
+        tokens, rows, size = self.pending
         self.pending = None
-        mx.async_eval(logits)
         fed = tokens.tolist()
+        grammars = []
         for i, processor in rows:
             processor.give(fed[i])
-        fill_all([processor.grammar for _, processor in rows], self.executor)
+            grammars.append(processor.grammar)
+        bits = allocate_token_bitmask(len(rows), grammars[0].words.shape[1] * 32)
+        fill_next_token_bitmask_par(
+            self.executor, [(g.matcher, k) for k, g in enumerate(grammars)], bits
+        )
+        words = np.full((size, bits.shape[1] + 1), -1, np.int32)  # free rows: all allowed
+        for k, ((i, _), grammar) in enumerate(zip(rows, grammars, strict=True)):
+            grammar.check(bits[k])
+            words[i, :-1], words[i, -1] = bits[k], 0
+        return _masked(logits, words)
+
+
+class Masked:
+    """The model as the batch calls it: `BatchStep` masks the armed step's logits.
+    Anything else is the model's own."""
+
+    def __init__(self, model: Any, step: BatchStep) -> None:
+        self.model = model
+        self.step = step
+
+    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
+        return self.step.apply(self.model(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+def _masked(logits: mx.array, words: np.ndarray) -> mx.array:
+    """Each row of `logits` (rows, [1,] vocab) masked by its bitmask row of `words`,
+    whose last word stands for the ids past the tokenizer's vocabulary (padding rows of the
+    embedding: 0 where a grammar applies)."""
+    word, bit = _positions(logits.shape[-1], words.shape[1] - 1)
+    return _apply(logits, mx.array(words.view(np.uint32)), word, bit)
 
 
 @functools.lru_cache(maxsize=4)
-def _positions(vocab: int, words: int) -> tuple[mx.array, mx.array, mx.array]:
-    """Each logit's word in the bitmask, its bit there, and whether the tokenizer has it
-    (logits past its vocabulary are padding rows of the embedding: never allowed)."""
+def _positions(vocab: int, words: int) -> tuple[mx.array, mx.array]:
+    """Each logit's word in a padded bitmask and its bit there."""
     ids = np.arange(vocab)
-    word = np.minimum(ids // 32, words - 1)
-    return mx.array(word), mx.array((ids % 32).astype(np.uint32)), mx.array(ids < words * 32)
+    return mx.array(np.minimum(ids // 32, words)), mx.array((ids % 32).astype(np.uint32))
 
 
 @mx.compile
-def _masked(
-    logits: mx.array, words: mx.array, word: mx.array, bit: mx.array, inside: mx.array
-) -> mx.array:
-    allowed = (((words[word] >> bit) & 1) > 0) & inside
-    return mx.where(allowed, logits, -mx.inf).astype(logits.dtype)
+def _apply(logits: mx.array, words: mx.array, word: mx.array, bit: mx.array) -> mx.array:
+    allowed = ((mx.take(words, word, axis=-1) >> bit) & 1) > 0
+    return mx.where(allowed.reshape(logits.shape), logits, -mx.inf)
 
 
 class Grammars:

@@ -7,22 +7,24 @@ the penalties never wait for a token to reach the CPU and are the same whether t
 runs alone, in a batch, or resumes after a fault: they count the answer's tokens (the
 prompt's do not count, as in vLLM's presence and frequency penalties).
 
-Only a grammar needs each token on the CPU. In a batch the engine reads the tokens of the
-whole step at once and computes every member's mask before the step (`given`); alone, the
-processor reads the token itself, then starts the forward pass, and computes the mask
-while the device works.
+Only a grammar needs each token on the CPU. In a batch, `BatchStep` feeds every grammar
+the step's tokens at once and masks the batch's logits together (`given`); alone, and for
+an answer's first token, the processor reads the token and computes the mask itself. The
+token was queued a step earlier, so reading it rarely waits. (Queuing the forward pass
+before reading it, to compute the mask meanwhile, measured slower on the H200: one more
+submission per step costs more than the mask, tens of microseconds.)
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from steward.worker.grammar import BatchStep, Grammar
+from steward.worker.grammar import Grammar
 from steward.worker.protocol import Generate
 
 
 class Processor:
-    def __init__(self, req: Generate, grammar: Grammar | None, step: BatchStep) -> None:
+    def __init__(self, req: Generate, grammar: Grammar | None) -> None:
         self.bias = (
             (mx.array(list(req.logit_bias)), mx.array(list(req.logit_bias.values())))
             if req.logit_bias
@@ -33,7 +35,6 @@ class Processor:
         self.repetition = req.repetition_penalty
         self.penalised = bool(self.presence or self.frequency or self.repetition != 1.0)
         self.grammar = grammar
-        self.step = step
         self.shapes = bool(self.bias or self.penalised or grammar)  # else: no need to call it
         self.counts: mx.array | None = None  # each token's count in the answer, once sized
         self.resumed = list(req.resume)  # tokens counted before the first call
@@ -41,33 +42,30 @@ class Processor:
         self.given = False  # the engine fed the grammar and filled its mask for this step
 
     def give(self, token: int) -> None:
-        """The token this step feeds, read with the whole batch's (`BatchStep`); the mask
-        is then filled with the batch's."""
+        """In a batch (`BatchStep`): the token this step feeds; the grammar's mask is then
+        applied with the whole batch's."""
         if self.fed and self.grammar is not None:
             self.grammar.accept(token)
         self.given = True
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        grammar = self.grammar
-        if grammar is not None and not self.given and self.step is not None:
-            self.step.ready(logits)  # in a batch: every row's token and mask at once
-        if grammar is not None and not self.given:  # alone, or the answer's first token
-            mx.async_eval(logits)  # the forward pass runs while the mask is computed
-            if self.fed:
-                grammar.accept(_last(tokens))
-            grammar.fill()
+        grammar, given = self.grammar, self.given
+        if grammar is not None and not given and self.fed:  # alone
+            grammar.accept(_last(tokens))
         if self.fed:
             self._count(tokens[-1:])
         self.fed = True
         self.given = False
+        if given and not (self.bias or self.penalised):
+            return logits  # masked with the batch's
         dtype = logits.dtype
         if self.bias is not None:
             logits = logits.at[:, self.bias[0]].add(self.bias[1])
         if self.penalised:
             logits = self._penalise(logits)
-        if grammar is not None:
+        if grammar is not None and not given:
             logits = grammar.mask(logits)
-        return logits.astype(dtype)
+        return logits if logits.dtype == dtype else logits.astype(dtype)
 
     def rewind(self) -> None:
         """The next call feeds the last token again (a solo request handed to the batch):

@@ -8,9 +8,9 @@ KV cache and what is left of the request, and the batch continues it token for t
 
 The prompt is prefilled here in chunks, one per engine step, so a request that arrives
 meanwhile is not kept waiting for the whole prompt. The decode loop is `generate_step`'s,
-except that a logits processor gets the token just fed as its own array, already queued:
-a grammar reads it without waiting for the forward pass queued after it (`generate_step`
-hands processors a new concatenation, which would wait for that pass).
+except that a logits processor gets the token just fed as its own array, queued a step
+earlier: a grammar reads it at no cost (`generate_step` hands processors a growing
+concatenation, a new operation to run and wait for at every token).
 """
 
 from __future__ import annotations
