@@ -49,6 +49,18 @@ class Out(NamedTuple):
 
 
 @dataclass(eq=False)
+class Waiting:
+    """A request on its way into the generator; it may wait for an identical prompt (the
+    `n` choices of one request) that another member is prefilling."""
+
+    member: Member
+    tokens: list[int]  # prompt and resumed answer
+    sampler: Any
+    processors: list[Any]
+    max_tokens: int
+
+
+@dataclass(eq=False)
 class Member:
     req: Generate
     prompt_tokens: int
@@ -79,6 +91,8 @@ class Engine:
         self.uids: dict[int, int] = {}  # request id -> uid
         self.finished: list[Done] = []  # cancelled between steps, reported with the next
         self.solo: tuple[Member, Solo] | None = None  # the one request running alone
+        self.prefilling: dict[tuple[int, ...], int] = {}  # a prompt being prefilled -> uid
+        self.waiting: dict[int, list[Waiting]] = {}  # uid -> requests that wait for its prompt
         self.eos = set(backend.tokenizer.eos_token_ids)
         self.generator = self._generator()
 
@@ -93,7 +107,7 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.members or self.finished or self.solo)
+        return bool(self.members or self.finished or self.solo or self.waiting)
 
     def add(self, req: Generate) -> Rejected | None:
         """Join the batch, or the request's own 400 (it cannot be prepared or fit)."""
@@ -147,16 +161,11 @@ class Engine:
             self.solo = (member, solo)
             return None
         self._handover()
-        (uid,) = self.generator.insert(
-            [rest],
-            max_tokens=[max_tokens],
-            caches=[cache],
-            all_tokens=[tokens[:held]],
-            samplers=[draw],
-            logits_processors=[processors],
-        )
-        self.members[uid] = member
-        self.uids[req.id] = uid
+        joining = Waiting(member, tokens, draw, processors, max_tokens)
+        if (leader := self.prefilling.get(tuple(tokens))) is not None:
+            self.waiting.setdefault(leader, []).append(joining)  # `n` choices, for one
+            return None
+        self._join(joining, cache, rest)
         return None
 
     def cancel(self, req_id: int) -> None:
@@ -164,12 +173,19 @@ class Engine:
             self.finished.append(self._solo_done("cancelled"))
         elif (uid := self.uids.get(req_id)) is not None:
             self.finished.append(self._leave(uid, "cancelled"))
+        for queue in self.waiting.values():
+            for joining in [w for w in queue if w.member.req.id == req_id]:
+                queue.remove(joining)
+                self.finished.append(self._done(joining.member, "cancelled"))
 
     def step(self) -> Step:
         if self.solo is not None:
             return self._solo_step()
         self._arm_grammars()
         prompts, outputs = self.generator.next() if self.members else ([], [])
+        for response in prompts:
+            if response.end_of_prompt:
+                self._prefilled(response.uid)
         step = Step(
             tokens=[],
             done=self.finished,
@@ -193,6 +209,9 @@ class Engine:
     def drop_all(self) -> list[int]:
         """After a fault: every member's state is suspect; start over with an empty batch."""
         ids = [member.req.id for member in self.members.values()]
+        ids += [w.member.req.id for queue in self.waiting.values() for w in queue]
+        self.waiting.clear()
+        self.prefilling.clear()
         if self.solo is not None:
             ids.append(self.solo[0].req.id)
             self.solo = None
@@ -302,20 +321,55 @@ class Engine:
         member, solo = self.solo
         self.solo = None
         cache, held, rest = solo.handover()
+        joining = Waiting(
+            member, held + rest, solo.sampler, solo.processors, solo.max_tokens - member.new
+        )
+        self._join(joining, cache, rest)
+
+    def _join(self, joining: Waiting, cache: list[Any] | None, rest: list[int]) -> None:
+        """Into the generator, with `cache` holding what comes before `rest`; a prompt left
+        to prefill is one that identical requests can wait for."""
+        tokens = joining.tokens
+        held = len(tokens) - len(rest)
         (uid,) = self.generator.insert(
             [rest],
-            max_tokens=[solo.max_tokens - member.new],
+            max_tokens=[joining.max_tokens],
             caches=[cache],
-            all_tokens=[held],
-            samplers=[solo.sampler],
-            logits_processors=[solo.processors],
+            all_tokens=[tokens[:held]],
+            samplers=[joining.sampler],
+            logits_processors=[joining.processors],
         )
-        self.members[uid] = member
-        self.uids[member.req.id] = uid
+        self.members[uid] = joining.member
+        self.uids[joining.member.req.id] = uid
+        if len(rest) > 1:
+            self.prefilling[tuple(tokens)] = uid
+
+    def _prefilled(self, uid: int) -> None:
+        """A member's prompt is in its cache: the requests waiting for it join with a copy
+        (its last token fed again, for their own first token)."""
+        self._unshare(uid)
+        for joining in self.waiting.pop(uid, []):
+            cache, held = self.generator.extract_cache([uid]).get(uid, (None, []))
+            shared = len(joining.tokens) - 1
+            usable = cache is not None and can_trim_prompt_cache(cache)
+            if not usable or held[:shared] != joining.tokens[:shared]:
+                self._join(joining, None, joining.tokens)  # prefilled for itself
+            else:
+                trim_prompt_cache(cache, len(held) - shared)
+                joining.member.cached_tokens = min(shared, joining.member.prompt_tokens)
+                self._join(joining, cache, joining.tokens[shared:])
+
+    def _unshare(self, uid: int) -> None:
+        """The member's prompt is no longer one to wait for."""
+        for key in [key for key, owner in self.prefilling.items() if owner == uid]:
+            del self.prefilling[key]
 
     def _leave(self, uid: int, finish: str, generator_done: str | None = None) -> Done:
         member = self.members.pop(uid)
         del self.uids[member.req.id]
+        self._unshare(uid)
+        for joining in self.waiting.pop(uid, []):  # left before its prompt was in: alone
+            self._join(joining, None, joining.tokens)
         if generator_done is None:  # still in the generator: take it out, keep its cache
             kept = self.generator.remove([uid], return_prompt_caches=self.cache is not None)
             for cache, tokens in kept.values():

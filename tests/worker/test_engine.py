@@ -44,3 +44,36 @@ def test_a_resumed_answer_continues_exactly(engine, seed: int | None, cut: int) 
     other = Generate(id=4, seq=4, attempt=1, max_tokens=8, prompt="hello")
     batched = Generate(id=3, attempt=2, resume=whole[:cut], **ask)
     assert run(engine, batched, joiner=other) == whole[cut:]
+
+
+def test_identical_prompts_prefill_once_and_answer_as_alone(engine) -> None:
+    """`n` choices reach the worker as identical requests: one prefills, the others join
+    with a copy of its cache, and each answers as it would alone."""
+    ask = {"seq": 1, "attempt": 1, "max_tokens": 12, "prompt": "A lighthouse keeper " * 20}
+    seeds = [None, 3, 4, 5]
+    alone = [
+        run(engine, Generate(id=10 + i, seed=s, temperature=1.0 if s else 0.0, **ask))
+        for i, s in enumerate(seeds)
+    ]
+    cache, engine.cache = engine.cache, None  # only sharing can skip a prefill now
+    try:
+        together = [
+            Generate(id=20 + i, seed=s, temperature=1.0 if s else 0.0, **ask)
+            for i, s in enumerate(seeds)
+        ]
+        tokens: dict[int, list[int]] = {req.id: [] for req in together}
+        dones = {}
+        for req in together:
+            engine.add(req)
+        while engine.busy:
+            step = engine.step()
+            for token in step.tokens:
+                if token.token >= 0:
+                    tokens[token.id].append(token.token)
+            dones |= {done.id: done for done in step.done}
+    finally:
+        engine.cache = cache
+    assert [tokens[req.id] for req in together] == alone
+    prompt = dones[20].prompt_tokens
+    assert dones[20].cached_tokens == 0
+    assert [dones[req.id].cached_tokens for req in together[1:]] == [prompt - 1] * 3
