@@ -227,17 +227,20 @@ class Engine:
 
     def _arm_grammars(self) -> None:
         """Arm the coming step's grammar rows (`BatchStep`) with the tokens it feeds, still
-        on the device. (mlx-lm's generation batch is read directly: its `uids` and the
-        tokens it sampled last, `_next_tokens`.)"""
+        on the device. A row whose processor only masks (its first token drawn) leaves
+        mlx-lm's per-row processor loop, which runs for every row while any row has one.
+        (mlx-lm's generation batch is read and edited directly: its `uids`, the tokens it
+        sampled last, `_next_tokens`, and each row's `logits_processors`.)"""
         self.backend.batch_step.pending = None
         batch = self.generator._generation_batch
-        rows = [
-            (i, member.processor)
-            for i, uid in enumerate(batch.uids)
-            if (member := self.members.get(uid)) is not None
-            and member.processor is not None
-            and member.processor.grammar is not None
-        ]
+        rows = []
+        for i, uid in enumerate(batch.uids):
+            member = self.members.get(uid)
+            if member is None or member.processor is None or member.processor.grammar is None:
+                continue
+            rows.append((i, member.processor))
+            if member.processor.masks_only:
+                batch.logits_processors[i] = ()
         if rows and batch._next_tokens is not None:
             self.backend.batch_step.arm(batch._next_tokens, rows, len(batch.uids))
 

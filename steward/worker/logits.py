@@ -36,6 +36,7 @@ class Processor:
         self.penalised = bool(self.presence or self.frequency or self.repetition != 1.0)
         self.grammar = grammar
         self.shapes = bool(self.bias or self.penalised or grammar)  # else: no need to call it
+        self.masks_only = not (self.bias or self.penalised)  # in a batch, `BatchStep` does it
         self.counts: mx.array | None = None  # each token's count in the answer, once sized
         self.resumed = list(req.resume)  # tokens counted before the first call
         self.fed = False  # the last token fed is the answer's (not the prompt's)
@@ -56,7 +57,7 @@ class Processor:
             self._count(tokens[-1:])
         self.fed = True
         self.given = False
-        if given and not (self.bias or self.penalised):
+        if given and self.masks_only:
             return logits  # masked with the batch's
         dtype = logits.dtype
         if self.bias is not None:
