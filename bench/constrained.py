@@ -55,6 +55,7 @@ class Mode:
     wall: float = 0.0
     ttfts: list[float] = field(default_factory=list)
     worker_tps: list[float] = field(default_factory=list)
+    worker_ttfts: list[float] = field(default_factory=list)  # seconds, admitted to first token
     finishes: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
 
@@ -125,6 +126,7 @@ async def one(
     mode.tokens += seen.usage["completion_tokens"]
     mode.ttfts.append(seen.times[0] - seen.started)
     mode.worker_tps.append(seen.timings["predicted_per_second"])
+    mode.worker_ttfts.append(seen.timings["prompt_ms"] / 1e3)
     mode.finishes[str(seen.finish)] += 1
 
 
@@ -156,14 +158,20 @@ async def level(
 def report(clients: int, rounds: int, results: dict[str, Mode]) -> None:
     print(f"\nc={clients}: {rounds} round(s) of {clients} request(s) per mode")
     print(f"{'mode':15}{'agg tok/s':>11}{'worker tok/s/req':>18}{'p50 TTFT ms':>13}", end="")
+    print(f"{'(worker)':>9}", end="")
     print(f"{'tokens':>8}  finish, errors")
     speeds = {}
     for name, m in results.items():
         agg = m.tokens / m.wall
         worker = statistics.median(m.worker_tps) if m.worker_tps else float("nan")
-        ttft = statistics.median(m.ttfts) * 1e3 if m.ttfts else float("nan")
+        ttft, inside = (
+            statistics.median(t) * 1e3 if t else float("nan") for t in (m.ttfts, m.worker_ttfts)
+        )
         speeds[name] = agg, worker
-        print(f"{name:15}{agg:>11.1f}{worker:>18.1f}{ttft:>13.1f}{m.tokens:>8}  ", end="")
+        print(
+            f"{name:15}{agg:>11.1f}{worker:>18.1f}{ttft:>13.1f}{inside:>9.1f}{m.tokens:>8}  ",
+            end="",
+        )
         print(f"{dict(m.finishes)}, {dict(m.errors) or 'none'}")
     (u_agg, u_worker), (c_agg, c_worker) = speeds["unconstrained"], speeds["constrained"]
     print(

@@ -95,6 +95,7 @@ class Engine:
         self.waiting: dict[int, list[Waiting]] = {}  # uid -> requests that wait for its prompt
         self.eos = set(backend.tokenizer.eos_token_ids)
         self.generator = self._generator()
+        self.prompted = False  # the last step queued prompt work after its decode
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -183,6 +184,7 @@ class Engine:
             return self._solo_step()
         self._arm_grammars()
         prompts, outputs = self.generator.next() if self.members else ([], [])
+        self.prompted = bool(prompts)
         for response in prompts:
             if response.end_of_prompt:
                 self._prefilled(response.uid)
@@ -231,7 +233,7 @@ class Engine:
         mlx-lm's per-row processor loop, which runs for every row while any row has one.
         (mlx-lm's generation batch is read and edited directly: its `uids`, the tokens it
         sampled last, `_next_tokens`, and each row's `logits_processors`.)"""
-        self.backend.batch_step.pending = None
+        self.backend.batch_step.disarm()
         batch = self.generator._generation_batch
         rows = []
         for i, uid in enumerate(batch.uids):
@@ -242,7 +244,7 @@ class Engine:
             if member.processor.masks_only:
                 batch.logits_processors[i] = ()
         if rows and batch._next_tokens is not None:
-            self.backend.batch_step.arm(batch._next_tokens, rows, len(batch.uids))
+            self.backend.batch_step.arm(batch._next_tokens, rows, len(batch.uids), self.prompted)
 
     def _logprobs(self, members: list[Member | None], outputs: list[Any]) -> list[Logprob | None]:
         """Each output's log-probabilities, for the members that asked (not for the EOS

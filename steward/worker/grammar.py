@@ -10,20 +10,27 @@ the mask is applied here with plain MLX operations that run on every device.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance
 import llguidance.hf
 import mlx.core as mx
 import numpy as np
-from llguidance.numpy import (
-    allocate_token_bitmask,
-    fill_next_token_bitmask,
-    fill_next_token_bitmask_par,
-)
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 COMPILED = 64  # grammars kept compiled: a client repeats its schema
+PROBE = 64  # steps between tries of the mask thread while the device is the bottleneck
+SMOOTH = 1 / 8  # weight of a step's wait in the average: one slow step does not decide
+SWITCH = sys.getswitchinterval()
+SWITCH_ARMED = 0.0002  # seconds the batch's thread holds the GIL while a mask thread waits
+ALONE = np.zeros(1, np.bool_)  # one row, under a grammar
 
 
 class Grammar:
@@ -34,18 +41,17 @@ class Grammar:
         self.matcher = matcher
         self.eos = eos
         self.words = allocate_token_bitmask(1, vocab)  # what the next token may be
-        self.padded = np.zeros((1, self.words.shape[1] + 1), np.int32)  # and past the vocab
 
-    def accept(self, token: int) -> None:
-        self.matcher.consume_token(token)
+    def accept(self, token: int) -> bool:
+        """False: the grammar does not allow `token` (it is in its error state now)."""
+        return self.matcher.consume_token(token)
 
     def mask(self, logits: mx.array) -> mx.array:
         """The next token's mask, computed and applied here (alone; `BatchStep` masks a
         batch's rows together)."""
         fill_next_token_bitmask(self.matcher, self.words)
         self.check(self.words[0])
-        self.padded[:, :-1] = self.words
-        return _masked(logits, self.padded)
+        return _masked(logits, self.words, ALONE)
 
     def check(self, words: np.ndarray) -> None:
         """In an error state (a token the grammar refused, which llguidance reports rather
@@ -55,44 +61,115 @@ class Grammar:
             words.view(np.uint32)[self.eos // 32] = 1 << self.eos % 32
 
 
+@dataclass(eq=False)
+class Armed:
+    """A batch step's grammar rows: the tokens it feeds (still on the device), each row's
+    processor, and its masks once started."""
+
+    tokens: mx.array
+    rows: list[tuple[int, Any]]  # (row, processor) of each member under a grammar
+    size: int  # rows in the batch
+    masks: Future[np.ndarray] | None = None
+    refused: list[tuple[int, Grammar]] = field(default_factory=list)  # fed a token it forbids
+
+
 class BatchStep:
     """A batch step's grammar masks, applied to the whole batch's logits at once.
 
-    The engine arms it before the step with the tokens the step feeds (still on the
-    device) and the rows under a grammar. The batch's model call (`Masked`) then reads
-    those tokens (one read for the batch), feeds each grammar, computes every mask on
-    llguidance's threads, and masks the logits in one operation: nothing is done row by
-    row on the device.
+    The engine arms it before each step with the tokens the step feeds, still on the
+    device. At a batch of 1B-model size the step is bound by the CPU (building the model
+    call), so the masks are computed on a thread meanwhile: `arm` reads the tokens (the
+    step that drew them is done or nearly), feeds each grammar, and starts every mask on
+    llguidance's threads, which release the GIL; the batch's model call (`Masked`) then
+    takes the masks and masks the logits in one operation. When the device is the
+    bottleneck instead, reading the tokens before building the call would leave it idle
+    for the build: once that wait (on average) outgrows what the masks cost, they are read
+    and computed after the build (`late`), trying the thread again every `PROBE` steps.
     """
 
     def __init__(self, executor: llguidance.LLExecutor) -> None:
         self.executor = executor
-        self.pending: tuple[mx.array, list[tuple[int, Any]], int] | None = None
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self.bits = np.empty((0, 0), np.int32)  # reused: a fresh buffer each step faults
+        self.armed: Armed | None = None
+        self.late = 0  # steps computed after the build since the thread last paid off
+        self.cost = math.inf  # seconds the last masks took to feed and compute
+        self.wait = 0.0  # seconds reading a step's tokens waits, on average (thread path)
 
-    def arm(self, tokens: mx.array, rows: list[tuple[int, Any]], size: int) -> None:
-        """`rows`: (row, processor) of each member under a grammar, of `size` rows."""
-        self.pending = (tokens, rows, size)
+    def arm(self, tokens: mx.array, rows: list[tuple[int, Any]], size: int, behind: bool) -> None:
+        """`behind`: the device has work queued after these tokens (a prompt's chunk), which
+        reading them may wait for: the masks wait until the model call is built."""
+        self.disarm()
+        self.armed = Armed(tokens, rows, size)
+        if behind:
+            return
+        if self.late % PROBE == 0:
+            waited = self._start(self.armed, threaded=True)
+            self.wait += (waited - self.wait) * SMOOTH if self.late == 0 else waited - self.wait
+            self.late = 1 if self.wait > self.cost else 0
+        else:
+            self.late += 1
+
+    def disarm(self) -> None:
+        """Forget an armed step whose model call did not come (a fault): its masks are
+        finished first, so no thread still feeds a grammar."""
+        if self.armed is not None and self.armed.masks is not None:
+            with contextlib.suppress(Exception):
+                self.armed.masks.result()
+            sys.setswitchinterval(SWITCH)
+        self.armed = None
 
     def apply(self, logits: mx.array) -> mx.array:
         """`logits` of a model call; masked if it is the armed step's (size, 1, vocab)."""
-        if self.pending is None or logits.shape[:2] != (self.pending[2], 1):
+        armed = self.armed
+        if armed is None or logits.shape[:2] != (armed.size, 1):
             return logits
-        tokens, rows, size = self.pending
-        self.pending = None
-        fed = tokens.tolist()
-        grammars = []
-        for i, processor in rows:
-            processor.give(fed[i])
-            grammars.append(processor.grammar)
-        bits = allocate_token_bitmask(len(rows), grammars[0].words.shape[1] * 32)
-        fill_next_token_bitmask_par(
-            self.executor, [(g.matcher, k) for k, g in enumerate(grammars)], bits
+        if armed.masks is None:
+            self._start(armed, threaded=False)
+        assert armed.masks is not None
+        bits = armed.masks.result()
+        self.armed = None
+        sys.setswitchinterval(SWITCH)
+        for i, grammar in armed.refused:
+            grammar.check(bits[i])
+        free = np.ones(armed.size, np.bool_)
+        free[[i for i, _ in armed.rows]] = False
+        return _masked(logits, bits, free)
+
+    def _start(self, armed: Armed, threaded: bool) -> float:
+        """Read the step's tokens (returns how long that waited), feed each grammar, and
+        compute the masks on the thread or here."""
+        start = time.perf_counter()
+        fed = armed.tokens.tolist()
+        read = time.perf_counter()
+        width = armed.rows[0][1].grammar.words.shape[1]
+        if self.bits.shape != (armed.size, width):
+            self.bits = np.empty((armed.size, width), np.int32)
+        self.bits.fill(-1)  # rows without a grammar: every token allowed
+        matchers = []
+        for i, processor in armed.rows:
+            if not processor.give(fed[i]):
+                armed.refused.append((i, processor.grammar))
+            matchers.append((processor.grammar.matcher, i))
+        fill = functools.partial(self._fill, matchers, self.bits, time.perf_counter() - read)
+        if threaded:
+            sys.setswitchinterval(SWITCH_ARMED)  # the thread returns without waiting 5 ms
+            armed.masks = self.thread.submit(fill)
+        else:
+            armed.masks = Future()
+            armed.masks.set_result(fill())
+        return read - start
+
+    def _fill(
+        self, matchers: list[tuple[llguidance.LLMatcher, int]], bits: np.ndarray, fed: float
+    ) -> np.ndarray:
+        """`fed`: seconds feeding the grammars took; with the masks', what `late` saves."""
+        start = time.perf_counter()
+        self.executor.unsafe_compute_mask_ptr(
+            matchers, bits.ctypes.data, bits.shape[1] * 4, bits.shape[0]
         )
-        words = np.full((size, bits.shape[1] + 1), -1, np.int32)  # free rows: all allowed
-        for k, ((i, _), grammar) in enumerate(zip(rows, grammars, strict=True)):
-            grammar.check(bits[k])
-            words[i, :-1], words[i, -1] = bits[k], 0
-        return _masked(logits, words)
+        self.cost = fed + time.perf_counter() - start
+        return bits
 
 
 class Masked:
@@ -110,24 +187,32 @@ class Masked:
         return getattr(self.model, name)
 
 
-def _masked(logits: mx.array, words: np.ndarray) -> mx.array:
-    """Each row of `logits` (rows, [1,] vocab) masked by its bitmask row of `words`,
-    whose last word stands for the ids past the tokenizer's vocabulary (padding rows of the
-    embedding: 0 where a grammar applies)."""
-    word, bit = _positions(logits.shape[-1], words.shape[1] - 1)
-    return _apply(logits, mx.array(words.view(np.uint32)), word, bit)
+def _masked(logits: mx.array, bits: np.ndarray, free: np.ndarray) -> mx.array:
+    """Each row of `logits` (rows, [1,] vocab) masked by its row of `bits`; the ids past the
+    tokenizer's vocabulary (padding rows of the embedding) only in `free` rows."""
+    word, bit, inside = _positions(logits.shape[-1], bits.shape[1])
+    return _apply(logits, mx.array(bits.view(np.uint32)), mx.array(free), word, bit, inside)
 
 
 @functools.lru_cache(maxsize=4)
-def _positions(vocab: int, words: int) -> tuple[mx.array, mx.array]:
-    """Each logit's word in a padded bitmask and its bit there."""
+def _positions(vocab: int, words: int) -> tuple[mx.array, mx.array, mx.array]:
+    """Each logit's word in a bitmask, its bit there, and whether the bitmask covers it."""
     ids = np.arange(vocab)
-    return mx.array(np.minimum(ids // 32, words)), mx.array((ids % 32).astype(np.uint32))
+    word = np.minimum(ids // 32, words - 1)
+    return mx.array(word), mx.array((ids % 32).astype(np.uint32)), mx.array(ids < words * 32)
 
 
 @mx.compile
-def _apply(logits: mx.array, words: mx.array, word: mx.array, bit: mx.array) -> mx.array:
-    allowed = ((mx.take(words, word, axis=-1) >> bit) & 1) > 0
+def _apply(
+    logits: mx.array,
+    bits: mx.array,
+    free: mx.array,
+    word: mx.array,
+    bit: mx.array,
+    inside: mx.array,
+) -> mx.array:
+    allowed = ((mx.take(bits, word, axis=-1) >> bit) & 1) > 0
+    allowed = mx.where(inside, allowed, free[:, None])
     return mx.where(allowed.reshape(logits.shape), logits, -mx.inf)
 
 

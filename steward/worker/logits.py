@@ -42,12 +42,11 @@ class Processor:
         self.fed = False  # the last token fed is the answer's (not the prompt's)
         self.given = False  # the engine fed the grammar and filled its mask for this step
 
-    def give(self, token: int) -> None:
+    def give(self, token: int) -> bool:
         """In a batch (`BatchStep`): the token this step feeds; the grammar's mask is then
-        applied with the whole batch's."""
-        if self.fed and self.grammar is not None:
-            self.grammar.accept(token)
+        applied with the whole batch's. False: the grammar refused it."""
         self.given = True
+        return not (self.fed and self.grammar is not None) or self.grammar.accept(token)
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         grammar, given = self.grammar, self.given

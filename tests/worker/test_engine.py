@@ -4,9 +4,12 @@ an unfaulted run gives, whatever the prompt cache holds and whoever else is in t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import llguidance
 import pytest
 
+from steward.front.structured import OPTIONS
 from steward.worker.protocol import Generate
 
 
@@ -30,6 +33,21 @@ def run(engine, req: Generate, joiner: Generate | None = None) -> list[int]:
         steps += 1
         tokens += [t.token for t in step.tokens if t.id == req.id and t.token >= 0]
     return tokens
+
+
+def run_together(engine, reqs: list[Generate]) -> tuple[dict[int, list[int]], dict[int, Any]]:
+    """Each request's token ids and `Done`, all in one batch."""
+    tokens: dict[int, list[int]] = {req.id: [] for req in reqs}
+    dones = {}
+    for req in reqs:
+        engine.add(req)
+    while engine.busy:
+        step = engine.step()
+        for token in step.tokens:
+            if token.token >= 0:
+                tokens[token.id].append(token.token)
+        dones |= {done.id: done for done in step.done}
+    return tokens, dones
 
 
 @pytest.mark.parametrize("seed", [None, 7])
@@ -61,19 +79,55 @@ def test_identical_prompts_prefill_once_and_answer_as_alone(engine) -> None:
             Generate(id=20 + i, seed=s, temperature=1.0 if s else 0.0, **ask)
             for i, s in enumerate(seeds)
         ]
-        tokens: dict[int, list[int]] = {req.id: [] for req in together}
-        dones = {}
-        for req in together:
-            engine.add(req)
-        while engine.busy:
-            step = engine.step()
-            for token in step.tokens:
-                if token.token >= 0:
-                    tokens[token.id].append(token.token)
-            dones |= {done.id: done for done in step.done}
+        tokens, dones = run_together(engine, together)
     finally:
         engine.cache = cache
     assert [tokens[req.id] for req in together] == alone
     prompt = dones[20].prompt_tokens
     assert dones[20].cached_tokens == 0
     assert [dones[req.id].cached_tokens for req in together[1:]] == [prompt - 1] * 3
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_a_constrained_batch_answers_as_alone_whichever_path_masks_it(
+    engine, monkeypatch, threaded: bool
+) -> None:
+    """In a batch the masks are computed on a thread while the model call is built, or
+    after it when the device is the bottleneck (`BatchStep`): either way each member
+    samples exactly what it samples alone, and only what its schema allows."""
+    from steward.worker import grammar as module
+
+    schema = {"type": "object", "properties": {"w": {"type": "array", "items": {"type": "string"}}}}
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=OPTIONS)
+
+    def asks(first: int) -> list[Generate]:
+        return [
+            Generate(
+                id=first + i,
+                seq=1,
+                attempt=1,
+                max_tokens=16,
+                prompt=f"question {i}",
+                temperature=1.0,
+                seed=i,
+                grammar=grammar,
+            )
+            for i in range(4)
+        ]
+
+    alone = [run(engine, req) for req in asks(30)]
+    step = engine.backend.batch_step
+    paths = []
+    start = step._start
+    monkeypatch.setattr(
+        step, "_start", lambda armed, threaded: paths.append(threaded) or start(armed, threaded)
+    )
+    monkeypatch.setattr(module, "PROBE", 1 if threaded else 10**9)
+    step.late = 0 if threaded else 1
+    tokens, _ = run_together(engine, asks(40))
+    # (a step right after a prompt's chunk masks late on either path: `behind`)
+    assert paths.count(threaded) >= 10 and (threaded or True not in paths)
+    assert [tokens[40 + i] for i in range(4)] == alone
+    tokenizer = engine.backend.grammars.tokenizer
+    for answer in alone:
+        assert llguidance.LLMatcher(tokenizer, grammar).consume_tokens(answer)
