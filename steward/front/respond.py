@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -222,8 +223,9 @@ class Answer:
 
 
 def _finite(logprob: float) -> float:
-    """JSON has no infinity; OpenAI writes an impossible token's log-probability as -9999."""
-    return max(logprob, -9999.0)
+    """JSON has no infinity; OpenAI writes an impossible token's log-probability as -9999.
+    Nor NaN, which only a broken distribution gives: -9999 too, never an unwritable answer."""
+    return -9999.0 if math.isnan(logprob) else max(logprob, -9999.0)
 
 
 def _entry(entry: Logprob | TopLogprob) -> dict[str, Any]:

@@ -329,8 +329,9 @@ class Supervisor(BringUp):
         self._job_seconds = 0.8 * self._job_seconds + 0.2 * min(now - self._finished_at, 60.0)
         self._finished_at = now
         whole = job.attempts == 1  # a resumed answer's speed covers only its last part
-        if whole and result.batch == 1 and result.completion_tokens >= canary.MAX_TOKENS:
-            self.recent_tps = result.decode_tps  # like with like: alone, as the canary ran
+        like = whole and result.batch == 1 and job.request.plain  # alone, as the canary ran
+        if like and result.completion_tokens >= canary.MAX_TOKENS:
+            self.recent_tps = result.decode_tps
 
     async def _watch(self) -> None:
         """Wait for something to decide: work, a job's end, a fault, or silence."""

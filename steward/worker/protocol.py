@@ -51,6 +51,19 @@ class Generate(_Msg):
     resume: list[int] = []  # after a fault: the answer's tokens the client already has
     armed: list[int] = []  # fault-injection specs with a period that fire on this request
 
+    @property
+    def plain(self) -> bool:
+        """Decoded as the canary is: nothing shapes its logits (a grammar, penalties,
+        `logit_bias`) and nothing more is read per token (logprobs), so its speed says
+        how fast the backend is, not what the request asked of it."""
+        return (
+            self.grammar is None
+            and self.logprobs < 0
+            and not self.logit_bias
+            and not (self.presence_penalty or self.frequency_penalty)
+            and self.repetition_penalty == 1.0
+        )
+
 
 class Cancel(_Msg):
     """The client went away: stop generating for it."""

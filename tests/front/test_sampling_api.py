@@ -127,6 +127,20 @@ def test_penalties_cut_repetition(client, penalty) -> None:
     assert repeats(penalised) < repeats(plain)
 
 
+def test_the_penalty_range_keeps_logprobs_numbers(client) -> None:
+    """The fuzzer's find: `repetition_penalty` 5e-324 divided a logit to infinity and the
+    logprobs to NaN, which JSON cannot carry (a 500). The range is 0.1-10 now, and at its
+    ends every log-probability is a number."""
+    for penalty in (5e-324, 0.09, 10.5):
+        with pytest.raises(openai.BadRequestError, match="repetition_penalty"):
+            chat(client, extra_body={"repetition_penalty": penalty})
+    for penalty in (0.1, 10.0):
+        reply = chat(
+            client, logprobs=True, max_tokens=12, extra_body={"repetition_penalty": penalty}
+        )
+        assert all(math.isfinite(e.logprob) for e in reply.choices[0].logprobs.content)
+
+
 def test_top_k_one_is_greedy_at_any_temperature(client) -> None:
     greedy = chat(client).choices[0].message.content
     for seed in (1, 2):
