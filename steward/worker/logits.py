@@ -11,8 +11,9 @@ Only a grammar needs each token on the CPU. In a batch, `BatchStep` feeds every 
 the step's tokens at once and masks the batch's logits together (`given`); alone, and for
 an answer's first token, the processor reads the token and computes the mask itself. The
 token was queued a step earlier, so reading it rarely waits. (Queuing the forward pass
-before reading it, to compute the mask meanwhile, measured slower on the H200: one more
-submission per step costs more than the mask, tens of microseconds.)
+before reading it, to compute the mask meanwhile, did not help on the H200: at a batch of
+32 the CPU is the bottleneck, not the device, so `BatchStep` computes the masks on a thread
+while the CPU builds the model call.)
 """
 
 from __future__ import annotations
