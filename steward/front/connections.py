@@ -8,7 +8,9 @@ answers a plain-text 503 to everything, health probes included, and logs each on
 - headers must be complete within `header_timeout` of the connection opening or of the
   previous response's end, else the connection is closed;
 - a response that ends while the client is still sending the body closes the connection
-  (the body's own timeout is the middleware's, which answers 408 in the envelope);
+  (the body's own timeout is the middleware's, which answers 408 in the envelope), and so
+  does a malformed request's 400: lingering, as nginx does, so the client reads the answer
+  instead of a reset;
 - a connection opened while `max_connections` are open first evicts the connection that
   has waited longest for a request's headers (idle keep-alive, slowloris): an idle socket
   costs its owner nothing to reopen, a probe's request arrives at once. With none to
@@ -35,6 +37,8 @@ from steward.errors import ApiError
 OVER_CAP = "steward.over_cap"
 HEADROOM = 64  # connections over the cap still read, so probes get their answer
 BACKLOG = 128  # listen backlog, and how many connections asyncio accepts in one go
+LINGER_IDLE = 0.5  # seconds a lingering close waits for more of what the client sends
+LINGER_MAX = 5.0  # seconds it reads, at most
 
 log = logging.getLogger("steward.connections")
 
@@ -51,6 +55,8 @@ class BoundedProtocol(H11Protocol):
         self.limits = limits
         self._headers_due: asyncio.TimerHandle | None = None
         self.waiting_since: float | None = None  # for a request's headers
+        self._linger_due: asyncio.TimerHandle | None = None
+        self.lingering_until: float | None = None  # closing: reading and dropping until then
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -81,9 +87,14 @@ class BoundedProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._headers_arrived()
+        if self._linger_due is not None:
+            self._linger_due.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering_until is not None:
+            self._linger()  # dropped: the answer is out
+            return
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
             self._headers_arrived()
@@ -93,7 +104,9 @@ class BoundedProtocol(H11Protocol):
         super().on_response_complete()
         if self.transport.is_closing() or self.cycle is not cycle:
             return  # closed, or a pipelined request is already under way
-        if self.conn.their_state is h11.SEND_BODY or self.app_state.get(OVER_CAP):
+        if self.conn.their_state is h11.SEND_BODY:
+            self._close_lingering()
+        elif self.app_state.get(OVER_CAP):
             self.transport.close()
         elif self.conn.their_state is h11.IDLE:
             self._await_headers()
@@ -120,7 +133,28 @@ class BoundedProtocol(H11Protocol):
                 self.transport.write(self.conn.send(event))
         except h11.LocalProtocolError:
             pass  # a response had already started: nothing more can be said
-        self.transport.close()
+        self._close_lingering()
+
+    def _close_lingering(self) -> None:
+        """Close a connection whose client may still be sending. Closing a socket with
+        unread input makes the kernel reset the connection, and a client still sending
+        then loses the answer to "connection reset". So the answer goes out with a FIN
+        (half-close), and what arrives after it is read and dropped until the client closes
+        or pauses `LINGER_IDLE`, for `LINGER_MAX` at most (nginx's lingering close)."""
+        if self.transport.is_closing() or self.lingering_until is not None:
+            return
+        self.lingering_until = self.loop.time() + LINGER_MAX
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.flow.resume_reading()  # uvicorn pauses reading a body nobody reads
+        self._linger()
+
+    def _linger(self) -> None:
+        assert self.lingering_until is not None
+        if self._linger_due is not None:
+            self._linger_due.cancel()
+        left = min(LINGER_IDLE, self.lingering_until - self.loop.time())
+        self._linger_due = self.loop.call_later(max(left, 0.0), self.transport.close)
 
     def _await_headers(self) -> None:
         self._headers_arrived()

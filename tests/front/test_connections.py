@@ -104,6 +104,23 @@ def test_body_that_never_ends_is_408(timeouts, request_bytes) -> None:
     assert_serving(timeouts)
 
 
+def test_a_client_still_sending_reads_the_answer_not_a_reset(timeouts) -> None:
+    """A body declared over the limit is refused (413) before it is read, while the client
+    goes on sending it. The server lingers, reading and dropping, so the client's sends
+    succeed and it reads the answer; closing at once made the kernel reset the connection
+    (the sends failed after about 3 MB, and many clients never read the 413)."""
+    with rawhttp.connect(timeouts.port) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (64 * 2**20)
+        )
+        for _ in range(16):
+            sock.sendall(b"a" * 2**20)
+        response = rawhttp.read_response(sock, 5)
+    rawhttp.assert_raw_envelope(response, 413, "request_too_large")
+    assert_serving(timeouts)
+
+
 def test_body_sent_in_pieces_within_the_timeout_is_served(timeouts) -> None:
     body = b'{"prompt": "hello", "max_tokens": 2, "temperature": 0}'
     with rawhttp.connect(timeouts.port) as sock:

@@ -260,10 +260,11 @@ def test_slow_decode_is_degraded(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "decode:slow=0.2:marker=SLOW")
     server.wait()
     slow = {**BODY, "max_tokens": 10, "messages": [{"role": "user", "content": "SLOW"}]}
-    # A request that asks for more per token (here logprobs; a schema, penalties) is no
+    # A request that asks for more per token (logprobs, top_p; a schema, penalties) is no
     # measure of the backend: however slow, it leaves /health as it was.
-    assert server.http.post("/v1/chat/completions", json={**slow, "logprobs": True}).is_success
-    assert server.health().json()["status"] == "ready"
+    for more in ({"logprobs": True}, {"temperature": 1.0, "top_p": 0.5}):
+        assert server.http.post("/v1/chat/completions", json={**slow, **more}).is_success
+        assert server.health().json()["status"] == "ready"
     assert server.http.post("/v1/chat/completions", json=slow).status_code == 200
     assert server.health().json()["status"] == "degraded"
     assert server.http.post("/v1/chat/completions", json={**BODY, "max_tokens": 10}).is_success
