@@ -29,18 +29,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    import llguidance
-
     from bench.constrained import schema
     from bench.overhead import bench_model
-    from steward.front.structured import OPTIONS
+    from steward.front import structured
     from steward.worker import grammar
     from steward.worker.backend import Backend
     from steward.worker.engine import Engine
     from steward.worker.injection import Injector
     from steward.worker.protocol import Generate
 
-    compiled = llguidance.LLMatcher.grammar_from_json_schema(schema(args.tokens), overrides=OPTIONS)
+    compiled = structured.grammar(schema(args.tokens), "bench")
     engine = Engine(Backend(bench_model(args.model), Injector([], 1)), args.members, 0)
     step = engine.backend.batch_step
     paths: list[bool] = []  # each step's: on the thread or not

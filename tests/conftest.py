@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import openai
@@ -38,6 +38,16 @@ def reply(call: Callable[[], T]) -> T | None:
         return call()
     except httpx.TransportError:
         return None
+
+
+def function_tool(
+    name: str, description: str, properties: dict[str, Any], **schema: Any
+) -> dict[str, Any]:
+    """An OpenAI function tool taking an object of `properties`, all required (`schema`:
+    more of the parameters' JSON schema)."""
+    parameters = {"type": "object", "properties": properties, "required": list(properties)}
+    function = {"name": name, "description": description, "parameters": parameters | schema}
+    return {"type": "function", "function": function}
 
 
 def free_port() -> int:

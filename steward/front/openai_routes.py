@@ -70,8 +70,8 @@ async def generate(request: Request, kind: str, body: ChatRequest | CompletionRe
         raise ApiError("validation_error", f"The model {model!r} does not take images.")
     if supervisor.vision and (unsupported := _beyond_vision(body, params)):
         raise ApiError("validation_error", f"not supported for vision models: {unsupported}")
-    if isinstance(body, ChatRequest):  # a large schema compiles off the event loop
-        params |= (await asyncio.to_thread(constraint, body)).params()
+    if isinstance(body, ChatRequest) and (body.tools or body.structured()):
+        params |= (await asyncio.to_thread(constraint, body)).params()  # off the event loop
     images = await load_images(urls, ImageLimits.of(config)) if urls else []
     payload = Generate(id=0, seq=0, attempt=0, images=images, **params)
     try:
@@ -111,12 +111,12 @@ def _choices(payload: Generate, n: int) -> list[Generate]:
 
 def _beyond_vision(body: ChatRequest | CompletionRequest, params: dict[str, Any]) -> str:
     """What mlx-vlm's generation does not take (it has no logits processors)."""
+    asked = Generate(id=0, seq=0, attempt=0, **params)
     used = {
-        "logprobs": params["logprobs"] >= 0,
-        "logit_bias": bool(body.logit_bias),
-        "penalties": bool(body.presence_penalty or body.frequency_penalty)
-        or body.repetition_penalty != 1.0,
-        "top_k, min_p": body.top_k > 0 or body.min_p > 0,
+        "logprobs": asked.logprobs >= 0,
+        "logit_bias": bool(asked.logit_bias),
+        "penalties": asked.penalised,
+        "top_k, min_p": asked.top_k > 0 or asked.min_p > 0,
         "n": body.n > 1,
         "tools": isinstance(body, ChatRequest) and bool(body.tools),
         "response_format": isinstance(body, ChatRequest) and body.structured(),

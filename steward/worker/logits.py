@@ -34,7 +34,7 @@ class Processor:
         self.presence = req.presence_penalty
         self.frequency = req.frequency_penalty
         self.repetition = req.repetition_penalty
-        self.penalised = bool(self.presence or self.frequency or self.repetition != 1.0)
+        self.penalised = req.penalised
         self.grammar = grammar
         self.shapes = bool(self.bias or self.penalised or grammar)  # else: no need to call it
         self.masks_only = not (self.bias or self.penalised)  # in a batch, `BatchStep` does it

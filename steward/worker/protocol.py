@@ -52,6 +52,13 @@ class Generate(_Msg):
     armed: list[int] = []  # fault-injection specs with a period that fire on this request
 
     @property
+    def penalised(self) -> bool:
+        """A presence, frequency or repetition penalty applies."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
+
+    @property
     def plain(self) -> bool:
         """Decoded as the canary is: nothing shapes its logits (a grammar, penalties,
         `logit_bias`) or truncates them (top_p, top_k, min_p: top_p sorts the vocabulary
@@ -62,8 +69,7 @@ class Generate(_Msg):
             self.grammar is None
             and self.logprobs < 0
             and not self.logit_bias
-            and not (self.presence_penalty or self.frequency_penalty)
-            and self.repetition_penalty == 1.0
+            and not self.penalised
             and self.top_p == 1.0
             and self.top_k <= 0
             and self.min_p == 0.0

@@ -89,7 +89,7 @@ class Solo:
             return self.sampler(logprobs), logprobs.squeeze(0)
 
     def held(self) -> list[int]:
-        """The tokens whose KV the cache holds: `generate_step` has fed each token it gave."""
+        """The tokens whose KV the cache holds: the decode loop has fed each token it gave."""
         return self.prompt[: self.prefilled] if self._steps is None else self.prompt + self.out
 
     def handover(self) -> tuple[list[Any], list[int], list[int]]:
@@ -98,7 +98,7 @@ class Solo:
             return self.cache, self.held(), self.prompt[self.prefilled :]
         trim_prompt_cache(self.cache, 1)  # the last token goes in again, through the batch
         if isinstance(self.sampler, Seeded):
-            self.sampler.rewind(1)  # `generate_step` sampled one token ahead
+            self.sampler.rewind(1)  # the decode loop sampled one token ahead
         for processor in self.processors:
             processor.rewind()
         return self.cache, self.prompt + self.out[:-1], self.out[-1:]

@@ -96,17 +96,18 @@ class ToolCalls:
             parsed = self.parser(body, self.tools) if self.parser else None
         except (ValueError, KeyError, TypeError, SyntaxError):
             parsed = None
-        found = _calls(parsed)
-        if not found:
-            return self.start + body + end, []
-        return "", [self._call(name, args) for name, args in found]
+        return self._split(_calls(parsed), self.start + body + end)
 
     def _listed(self, text: str) -> Split:
         try:
             found = _calls(json.loads(text))
         except ValueError:
             found = []
-        if not found:  # cut short (max_tokens): the text as it is
+        return self._split(found, text)  # cut short (max_tokens): the text as it is
+
+    def _split(self, found: list[tuple[str, Any]], text: str) -> Split:
+        """The calls found, or, if none, `text` as content: nothing the model wrote is lost."""
+        if not found:
             return text, []
         return "", [self._call(name, args) for name, args in found]
 

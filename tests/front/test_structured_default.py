@@ -11,6 +11,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from tests.conftest import function_tool
+
 TOPICS = [
     "Paris",
     "the Nile",
@@ -47,36 +49,17 @@ class Card(BaseModel):
     note: str | None = Field(max_length=40)
 
 
+CITY = {"type": "string", "maxLength": 30}
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "maxLength": 30},
-                    "unit": {"enum": ["c", "f"]},
-                },
-                "required": ["city", "unit"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "get_time",
-            "description": "The local time in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "maxLength": 30}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    },
+    function_tool(
+        "get_weather",
+        "The weather in a city.",
+        {"city": CITY, "unit": {"enum": ["c", "f"]}},
+        additionalProperties=False,
+    ),
+    function_tool(
+        "get_time", "The local time in a city.", {"city": CITY}, additionalProperties=False
+    ),
 ]
 
 

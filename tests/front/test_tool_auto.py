@@ -16,25 +16,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from tests.conftest import Server
+from tests.conftest import Server, function_tool
 from tests.tinymodel import TOOL_SCRIPT, build_scripted_model
 
 MODEL = "scripted"
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS = [function_tool("get_weather", "The weather in a city.", {"city": {"type": "string"}})]
 
 
 @pytest.fixture(scope="module")

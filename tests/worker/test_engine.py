@@ -9,7 +9,7 @@ from typing import Any
 import llguidance
 import pytest
 
-from steward.front.structured import OPTIONS
+from steward.front.structured import grammar as compile_schema
 from steward.worker.protocol import Generate
 
 
@@ -98,7 +98,7 @@ def test_a_constrained_batch_answers_as_alone_whichever_path_masks_it(
     from steward.worker import grammar as module
 
     schema = {"type": "object", "properties": {"w": {"type": "array", "items": {"type": "string"}}}}
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=OPTIONS)
+    grammar = compile_schema(schema, "test")
 
     def asks(first: int) -> list[Generate]:
         return [
