@@ -15,7 +15,9 @@ schema allows (a prefix, when cut by length).
 Printed per C and mode: aggregate tokens/s (completion tokens from `usage` over the rounds'
 wall time), the worker's own per-request decode speed (median `timings.predicted_per_second`),
 p50 time to first token, completion tokens, finish reasons and errors; then constrained /
-unconstrained for aggregate and worker decode speed (target >= 0.90).
+unconstrained for aggregate and worker decode speed (target >= 0.90), over all rounds and as
+the median of each round's own ratio (a round's two modes run back to back, so a host whose
+speed drifts from round to round moves both).
 
     python -m bench.constrained [--model DIR] [--concurrency 1,32] [--tokens 128] [--rounds 3]
                                 [--bounded]
@@ -58,6 +60,7 @@ class Mode:
     worker_ttfts: list[float] = field(default_factory=list)  # seconds, admitted to first token
     finishes: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
+    rounds: list[tuple[float, float]] = field(default_factory=list)  # (agg tok/s, worker tok/s)
 
 
 def schema(tokens: int, bounded: bool = False) -> dict[str, Any]:
@@ -134,9 +137,13 @@ async def batch(
     client: httpx.AsyncClient, bodies: list[dict[str, Any]], check: Check | None, mode: Mode
 ) -> None:
     """Every client's request at once, timed until the last answer ends."""
+    tokens, answers = mode.tokens, len(mode.worker_tps)
     started = time.perf_counter()
     await asyncio.gather(*(one(client, body, check, mode) for body in bodies))
-    mode.wall += time.perf_counter() - started
+    wall = time.perf_counter() - started
+    mode.wall += wall
+    if worker := mode.worker_tps[answers:]:
+        mode.rounds.append(((mode.tokens - tokens) / wall, statistics.median(worker)))
 
 
 async def level(
@@ -176,9 +183,17 @@ def report(clients: int, rounds: int, results: dict[str, Mode]) -> None:
     (u_agg, u_worker), (c_agg, c_worker) = speeds["unconstrained"], speeds["constrained"]
     print(
         f"constrained / unconstrained: aggregate {c_agg / u_agg:.3f}, "
-        f"worker decode {c_worker / u_worker:.3f}   (target >= 0.90)",
-        flush=True,
+        f"worker decode {c_worker / u_worker:.3f}   (target >= 0.90)"
     )
+    pairs = list(zip(results["constrained"].rounds, results["unconstrained"].rounds, strict=False))
+    if pairs:  # each round's two modes ran back to back: drift of the host cancels out
+        agg = statistics.median(c[0] / u[0] for c, u in pairs)
+        worker = statistics.median(c[1] / u[1] for c, u in pairs)
+        print(
+            f"  median of the {len(pairs)} rounds' ratios: aggregate {agg:.3f}, worker decode "
+            f"{worker:.3f}",
+            flush=True,
+        )
 
 
 def main() -> None:

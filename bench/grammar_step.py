@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-MODES = {"plain": 0, "auto": 0, "thread": 1, "late": 10**9}  # mode -> steps between probes
+MODES = {"plain": None, "auto": None, "thread": True, "late": False}  # mode -> `BatchStep.fixed`
 
 
 def main() -> None:
@@ -44,16 +44,15 @@ def main() -> None:
     paths: list[bool] = []  # each step's: on the thread or not
     start = step._start
 
-    def counted(armed: grammar.Armed, threaded: bool) -> float:
+    def counted(armed: grammar.Armed, threaded: bool) -> None:
         paths.append(threaded)
-        return start(armed, threaded)
+        start(armed, threaded)
 
     step._start = counted
 
     def run(mode: str) -> float:
         """The median step, past the members' first tokens and before the last few."""
-        grammar.PROBE = MODES[mode] or grammar.PROBE
-        step.late = 1 if mode == "late" else 0
+        step.fixed = MODES[mode]
         for i in range(args.members):
             engine.add(
                 Generate(
@@ -72,7 +71,6 @@ def main() -> None:
             times.append(time.perf_counter() - started)
         return statistics.median(times[args.members // 4 + 4 : -4])
 
-    probe = grammar.PROBE
     steps: dict[str, list[float]] = {mode: [] for mode in MODES}
     for mode in MODES:  # unmeasured: compiles, caches
         run(mode)
@@ -80,7 +78,6 @@ def main() -> None:
         for mode in MODES:
             paths.clear()
             steps[mode].append(run(mode))
-            grammar.PROBE = probe
             if mode != "plain":
                 print(f"  {mode:7} thread steps {sum(paths)}/{len(paths)}", flush=True)
     plain = statistics.median(steps["plain"])

@@ -233,7 +233,6 @@ class Engine:
         mlx-lm's per-row processor loop, which runs for every row while any row has one.
         (mlx-lm's generation batch is read and edited directly: its `uids`, the tokens it
         sampled last, `_next_tokens`, and each row's `logits_processors`.)"""
-        self.backend.batch_step.disarm()
         batch = self.generator._generation_batch
         rows = []
         for i, uid in enumerate(batch.uids):
@@ -245,6 +244,8 @@ class Engine:
                 batch.logits_processors[i] = ()
         if rows and batch._next_tokens is not None:
             self.backend.batch_step.arm(batch._next_tokens, rows, len(batch.uids), self.prompted)
+        else:
+            self.backend.batch_step.disarm()
 
     def _logprobs(self, members: list[Member | None], outputs: list[Any]) -> list[Logprob | None]:
         """Each output's log-probabilities, for the members that asked (not for the EOS

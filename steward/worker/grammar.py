@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,11 +25,13 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 COMPILED = 64  # grammars kept compiled: a client repeats its schema
-PROBE = 64  # steps between tries of the mask thread while the device is the bottleneck
-SMOOTH = 1 / 8  # weight of a step's wait in the average: one slow step does not decide
+PROBE = 64  # steps between tries of the path not taken
+TRIES = 4  # steps each try takes: one slow step does not decide
+SMOOTH = 1 / 8  # weight of a step's time in its path's average
 SWITCH = sys.getswitchinterval()
 SWITCH_ARMED = 0.0002  # seconds the batch's thread holds the GIL while a mask thread waits
 ALONE = np.zeros(1, np.bool_)  # one row, under a grammar
+FIRST = np.zeros(1, np.uint32)  # its index among the distinct masks
 
 
 class Grammar:
@@ -51,7 +52,7 @@ class Grammar:
         batch's rows together)."""
         fill_next_token_bitmask(self.matcher, self.words)
         self.check(self.words[0])
-        return _masked(logits, self.words, ALONE)
+        return _masked(logits, *_prepared(self.words, ALONE, logits.shape[-1]))
 
     def check(self, words: np.ndarray) -> None:
         """In an error state (a token the grammar refused, which llguidance reports rather
@@ -69,7 +70,7 @@ class Armed:
     tokens: mx.array
     rows: list[tuple[int, Any]]  # (row, processor) of each member under a grammar
     size: int  # rows in the batch
-    masks: Future[np.ndarray] | None = None
+    masks: Future[tuple[np.ndarray, np.ndarray]] | None = None  # `_prepared`'s
     refused: list[tuple[int, Grammar]] = field(default_factory=list)  # fed a token it forbids
 
 
@@ -81,43 +82,61 @@ class BatchStep:
     call), so the masks are computed on a thread meanwhile: `arm` reads the tokens (the
     step that drew them is done or nearly), feeds each grammar, and starts every mask on
     llguidance's threads, which release the GIL; the batch's model call (`Masked`) then
-    takes the masks and masks the logits in one operation. When the device is the
-    bottleneck instead, reading the tokens before building the call would leave it idle
-    for the build: once that wait (on average) outgrows what the masks cost, they are read
-    and computed after the build (`late`), trying the thread again every `PROBE` steps.
+    takes the masks and masks the logits in one operation. The other path reads the tokens
+    and computes the masks after the build (`late`): it leaves the device busy while the
+    call is built, which wins when the device is the bottleneck (a large model), and it
+    wakes no thread, which wins on a host where that costs (in four runs on the H200's
+    virtual machine the thread path measured 0.60 to 0.97 of an unmasked step, late 0.79 to
+    0.82, and how long reading the tokens waited did not tell which would win). So each
+    path's own step time is measured (from one arm to the next, at an unchanged batch
+    size), and the faster is taken, with the other tried `TRIES` steps in every `PROBE`.
     """
 
-    def __init__(self, executor: llguidance.LLExecutor) -> None:
+    def __init__(self, executor: llguidance.LLExecutor, vocab: int) -> None:
         self.executor = executor
+        self.vocab = vocab  # the logits' width
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self.bits = np.empty((0, 0), np.int32)  # reused: a fresh buffer each step faults
         self.armed: Armed | None = None
-        self.late = 0  # steps computed after the build since the thread last paid off
-        self.cost = math.inf  # seconds the last masks took to feed and compute
-        self.wait = 0.0  # seconds reading a step's tokens waits, on average (thread path)
+        self.fixed: bool | None = None  # the path every step takes (benches, tests)
+        self.spent = {True: 0.0, False: 0.0}  # a step's seconds by path (threaded?); 0: untried
+        self.steps = 0
+        self.last: tuple[float, int, bool] | None = None  # (when, size, threaded): to be timed
 
     def arm(self, tokens: mx.array, rows: list[tuple[int, Any]], size: int, behind: bool) -> None:
         """`behind`: the device has work queued after these tokens (a prompt's chunk), which
         reading them may wait for: the masks wait until the model call is built."""
+        now = time.perf_counter()
+        if self.last is not None and self.last[1] == size and not behind:  # the last step
+            took, spent = now - self.last[0], self.spent[self.last[2]]
+            self.spent[self.last[2]] = spent + (took - spent) * SMOOTH if spent else took
         self.disarm()
         self.armed = Armed(tokens, rows, size)
-        if behind:
-            return
-        if self.late % PROBE == 0:
-            waited = self._start(self.armed, threaded=True)
-            self.wait += (waited - self.wait) * SMOOTH if self.late == 0 else waited - self.wait
-            self.late = 1 if self.wait > self.cost else 0
-        else:
-            self.late += 1
+        if not behind:
+            threaded = self._threaded()
+            self.last = (now, size, threaded)
+            if threaded:
+                self._start(self.armed, threaded=True)
 
     def disarm(self) -> None:
-        """Forget an armed step whose model call did not come (a fault): its masks are
-        finished first, so no thread still feeds a grammar."""
+        """Forget an armed step whose model call did not come (a fault), or the last one
+        when this step has no grammar: its masks are finished first, so no thread still
+        feeds a grammar."""
         if self.armed is not None and self.armed.masks is not None:
             with contextlib.suppress(Exception):
                 self.armed.masks.result()
             sys.setswitchinterval(SWITCH)
         self.armed = None
+        self.last = None
+
+    def _threaded(self) -> bool:
+        """The path of this step: the faster so far, or, `TRIES` steps in `PROBE`, the other
+        (an untried path counts as the faster)."""
+        if self.fixed is not None:
+            return self.fixed
+        self.steps += 1
+        faster = self.spent[True] <= self.spent[False]
+        return faster != (self.steps % PROBE < TRIES)
 
     def apply(self, logits: mx.array) -> mx.array:
         """`logits` of a model call; masked if it is the armed step's (size, 1, vocab)."""
@@ -127,21 +146,15 @@ class BatchStep:
         if armed.masks is None:
             self._start(armed, threaded=False)
         assert armed.masks is not None
-        bits = armed.masks.result()
+        masks = armed.masks.result()
         self.armed = None
         sys.setswitchinterval(SWITCH)
-        for i, grammar in armed.refused:
-            grammar.check(bits[i])
-        free = np.ones(armed.size, np.bool_)
-        free[[i for i, _ in armed.rows]] = False
-        return _masked(logits, bits, free)
+        return _masked(logits, *masks)
 
-    def _start(self, armed: Armed, threaded: bool) -> float:
-        """Read the step's tokens (returns how long that waited), feed each grammar, and
-        compute the masks on the thread or here."""
-        start = time.perf_counter()
+    def _start(self, armed: Armed, threaded: bool) -> None:
+        """Read the step's tokens, feed each grammar, and compute the masks on the thread or
+        here."""
         fed = armed.tokens.tolist()
-        read = time.perf_counter()
         width = armed.rows[0][1].grammar.words.shape[1]
         if self.bits.shape != (armed.size, width):
             self.bits = np.empty((armed.size, width), np.int32)
@@ -151,25 +164,28 @@ class BatchStep:
             if not processor.give(fed[i]):
                 armed.refused.append((i, processor.grammar))
             matchers.append((processor.grammar.matcher, i))
-        fill = functools.partial(self._fill, matchers, self.bits, time.perf_counter() - read)
+        fill = functools.partial(self._fill, armed, matchers)
         if threaded:
             sys.setswitchinterval(SWITCH_ARMED)  # the thread returns without waiting 5 ms
             armed.masks = self.thread.submit(fill)
         else:
             armed.masks = Future()
             armed.masks.set_result(fill())
-        return read - start
 
     def _fill(
-        self, matchers: list[tuple[llguidance.LLMatcher, int]], bits: np.ndarray, fed: float
-    ) -> np.ndarray:
-        """`fed`: seconds feeding the grammars took; with the masks', what `late` saves."""
-        start = time.perf_counter()
+        self, armed: Armed, matchers: list[tuple[llguidance.LLMatcher, int]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The step's masks, as `_prepared` gives them; a row fed a token its grammar
+        refused allows only EOS."""
+        bits = self.bits
         self.executor.unsafe_compute_mask_ptr(
             matchers, bits.ctypes.data, bits.shape[1] * 4, bits.shape[0]
         )
-        self.cost = fed + time.perf_counter() - start
-        return bits
+        for i, grammar in armed.refused:
+            grammar.check(bits[i])
+        free = np.ones(armed.size, np.bool_)
+        free[[i for i, _ in armed.rows]] = False
+        return _prepared(bits, free, self.vocab)
 
 
 class Masked:
@@ -187,33 +203,41 @@ class Masked:
         return getattr(self.model, name)
 
 
-def _masked(logits: mx.array, bits: np.ndarray, free: np.ndarray) -> mx.array:
-    """Each row of `logits` (rows, [1,] vocab) masked by its row of `bits`; the ids past the
-    tokenizer's vocabulary (padding rows of the embedding) only in `free` rows."""
-    word, bit, inside = _positions(logits.shape[-1], bits.shape[1])
-    return _apply(logits, mx.array(bits.view(np.uint32)), mx.array(free), word, bit, inside)
+def _prepared(bits: np.ndarray, free: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """`bits` widened to cover `vocab` ids (those past the tokenizer's vocabulary, padding
+    rows of the embedding, only in `free` rows), as its distinct rows and each row's index
+    among them: a batch under one schema has few distinct masks, and on CUDA each page of a
+    mask costs as it moves between host and device."""
+    missing = (vocab + 31) // 32 - bits.shape[1]
+    if missing > 0:
+        tail = np.where(free[:, None], np.int32(-1), np.int32(0)).repeat(missing, axis=1)
+        bits = np.concatenate([bits, tail], axis=1)
+    if len(bits) == 1:
+        return bits, FIRST
+    _, first, index = np.unique(
+        bits.sum(axis=1, dtype=np.int64), return_index=True, return_inverse=True
+    )
+    distinct = bits[first]
+    if not np.array_equal(distinct[index], bits):  # two masks with one sum: all rows, then
+        return bits, np.arange(len(bits), dtype=np.uint32)
+    return distinct, index.astype(np.uint32)
 
 
-@functools.lru_cache(maxsize=4)
-def _positions(vocab: int, words: int) -> tuple[mx.array, mx.array, mx.array]:
-    """Each logit's word in a bitmask, its bit there, and whether the bitmask covers it."""
-    ids = np.arange(vocab)
-    word = np.minimum(ids // 32, words - 1)
-    return mx.array(word), mx.array((ids % 32).astype(np.uint32)), mx.array(ids < words * 32)
+def _masked(logits: mx.array, bits: np.ndarray, index: np.ndarray) -> mx.array:
+    """Each row of `logits` (rows, [1,] vocab) masked by its row `bits[index[row]]`."""
+    return _apply(logits, mx.array(bits.view(np.uint32)), mx.array(index))
 
 
 @mx.compile
-def _apply(
-    logits: mx.array,
-    bits: mx.array,
-    free: mx.array,
-    word: mx.array,
-    bit: mx.array,
-    inside: mx.array,
-) -> mx.array:
-    allowed = ((mx.take(bits, word, axis=-1) >> bit) & 1) > 0
-    allowed = mx.where(inside, allowed, free[:, None])
-    return mx.where(allowed.reshape(logits.shape), logits, -mx.inf)
+def _apply(logits: mx.array, bits: mx.array, index: mx.array) -> mx.array:
+    """Unpacked by shifting each word by 0..31, not by gathering a word per id: with a
+    fresh mask each step the gather cost the H200 1.7 ms a step (1B, batch of 32), the
+    shift nothing measurable in the same run (docs/benchmarks.md)."""
+    bits = bits[index]
+    rows, words = bits.shape
+    allowed = (bits[:, :, None] >> mx.arange(32, dtype=mx.uint32)) & 1
+    allowed = allowed.reshape(rows, 32 * words)[:, : logits.shape[-1]]
+    return mx.where(allowed.reshape(logits.shape) > 0, logits, -mx.inf)
 
 
 class Grammars:
