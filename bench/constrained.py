@@ -60,7 +60,7 @@ class Mode:
     worker_ttfts: list[float] = field(default_factory=list)  # seconds, admitted to first token
     finishes: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
-    rounds: list[tuple[float, float]] = field(default_factory=list)  # (agg tok/s, worker tok/s)
+    rounds: list[tuple[float, float] | None] = field(default_factory=list)  # agg, worker tok/s
 
 
 def schema(tokens: int, bounded: bool = False) -> dict[str, Any]:
@@ -142,8 +142,10 @@ async def batch(
     await asyncio.gather(*(one(client, body, check, mode) for body in bodies))
     wall = time.perf_counter() - started
     mode.wall += wall
-    if worker := mode.worker_tps[answers:]:
-        mode.rounds.append(((mode.tokens - tokens) / wall, statistics.median(worker)))
+    worker = mode.worker_tps[answers:]  # None: a round without one answer
+    mode.rounds.append(
+        ((mode.tokens - tokens) / wall, statistics.median(worker)) if worker else None
+    )
 
 
 async def level(
@@ -185,7 +187,8 @@ def report(clients: int, rounds: int, results: dict[str, Mode]) -> None:
         f"constrained / unconstrained: aggregate {c_agg / u_agg:.3f}, "
         f"worker decode {c_worker / u_worker:.3f}   (target >= 0.90)"
     )
-    pairs = list(zip(results["constrained"].rounds, results["unconstrained"].rounds, strict=False))
+    rounds = zip(results["constrained"].rounds, results["unconstrained"].rounds, strict=True)
+    pairs = [(c, u) for c, u in rounds if c and u]
     if pairs:  # each round's two modes ran back to back: drift of the host cancels out
         agg = statistics.median(c[0] / u[0] for c, u in pairs)
         worker = statistics.median(c[1] / u[1] for c, u in pairs)

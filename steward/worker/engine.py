@@ -220,6 +220,7 @@ class Engine:
         self.members.clear()
         self.uids.clear()
         self.finished.clear()
+        self.backend.batch_step.disarm()
         with contextlib.suppress(Exception):  # a broken device may fail this too
             self.generator.close()
         self.generator = self._generator()

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import statistics
 import sys
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +28,7 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 COMPILED = 64  # grammars kept compiled: a client repeats its schema
 PROBE = 64  # steps between tries of the path not taken
-TRIES = 4  # steps each try takes: one slow step does not decide
-SMOOTH = 1 / 8  # weight of a step's time in its path's average
+TRIES = 4  # steps each try takes, and the steps whose median stands for a path
 SWITCH = sys.getswitchinterval()
 SWITCH_ARMED = 0.0002  # seconds the batch's thread holds the GIL while a mask thread waits
 ALONE = np.zeros(1, np.bool_)  # one row, under a grammar
@@ -73,6 +74,13 @@ class Armed:
     masks: Future[tuple[np.ndarray, np.ndarray]] | None = None  # `_prepared`'s
     refused: list[tuple[int, Grammar]] = field(default_factory=list)  # fed a token it forbids
 
+    @property
+    def free(self) -> np.ndarray:
+        """The rows without a grammar."""
+        free = np.ones(self.size, np.bool_)
+        free[[i for i, _ in self.rows]] = False
+        return free
+
 
 class BatchStep:
     """A batch step's grammar masks, applied to the whole batch's logits at once.
@@ -88,8 +96,9 @@ class BatchStep:
     wakes no thread, which wins on a host where that costs (in four runs on the H200's
     virtual machine the thread path measured 0.60 to 0.97 of an unmasked step, late 0.79 to
     0.82, and how long reading the tokens waited did not tell which would win). So each
-    path's own step time is measured (from one arm to the next, at an unchanged batch
-    size), and the faster is taken, with the other tried `TRIES` steps in every `PROBE`.
+    path's own steps are timed (from one arm to the next, at an unchanged batch size) and
+    the path whose last `TRIES` steps took less, by their median, is taken, with the other
+    tried `TRIES` steps in every `PROBE`.
     """
 
     def __init__(self, executor: llguidance.LLExecutor, vocab: int) -> None:
@@ -99,7 +108,9 @@ class BatchStep:
         self.bits = np.empty((0, 0), np.int32)  # reused: a fresh buffer each step faults
         self.armed: Armed | None = None
         self.fixed: bool | None = None  # the path every step takes (benches, tests)
-        self.spent = {True: 0.0, False: 0.0}  # a step's seconds by path (threaded?); 0: untried
+        self.spent: dict[bool, deque[float]] = {  # each path's last steps (threaded?), seconds
+            path: deque(maxlen=TRIES) for path in (True, False)
+        }
         self.steps = 0
         self.last: tuple[float, int, bool] | None = None  # (when, size, threaded): to be timed
 
@@ -107,9 +118,13 @@ class BatchStep:
         """`behind`: the device has work queued after these tokens (a prompt's chunk), which
         reading them may wait for: the masks wait until the model call is built."""
         now = time.perf_counter()
-        if self.last is not None and self.last[1] == size and not behind:  # the last step
-            took, spent = now - self.last[0], self.spent[self.last[2]]
-            self.spent[self.last[2]] = spent + (took - spent) * SMOOTH if spent else took
+        if self.last is not None and not behind:  # the last step, timed
+            when, before, threaded = self.last
+            if before == size:
+                self.spent[threaded].append(now - when)
+            else:  # another batch: the times before do not compare
+                for times in self.spent.values():
+                    times.clear()
         self.disarm()
         self.armed = Armed(tokens, rows, size)
         if not behind:
@@ -120,8 +135,8 @@ class BatchStep:
 
     def disarm(self) -> None:
         """Forget an armed step whose model call did not come (a fault), or the last one
-        when this step has no grammar: its masks are finished first, so no thread still
-        feeds a grammar."""
+        when this step has no grammar (its time, too: the next step's is not its path's).
+        Its masks are finished first, so no thread still feeds a grammar."""
         if self.armed is not None and self.armed.masks is not None:
             with contextlib.suppress(Exception):
                 self.armed.masks.result()
@@ -135,8 +150,10 @@ class BatchStep:
         if self.fixed is not None:
             return self.fixed
         self.steps += 1
-        faster = self.spent[True] <= self.spent[False]
-        return faster != (self.steps % PROBE < TRIES)
+        took = {
+            path: statistics.median(times) if times else 0.0 for path, times in self.spent.items()
+        }
+        return (took[True] <= took[False]) != (self.steps % PROBE < TRIES)
 
     def apply(self, logits: mx.array) -> mx.array:
         """`logits` of a model call; masked if it is the armed step's (size, 1, vocab)."""
@@ -149,6 +166,9 @@ class BatchStep:
         masks = armed.masks.result()
         self.armed = None
         sys.setswitchinterval(SWITCH)
+        if logits.shape[-1] != self.vocab:  # wider than the model's config said: its width
+            self.vocab = logits.shape[-1]
+            masks = _prepared(self.bits, armed.free, self.vocab)
         return _masked(logits, *masks)
 
     def _start(self, armed: Armed, threaded: bool) -> None:
@@ -164,7 +184,7 @@ class BatchStep:
             if not processor.give(fed[i]):
                 armed.refused.append((i, processor.grammar))
             matchers.append((processor.grammar.matcher, i))
-        fill = functools.partial(self._fill, armed, matchers)
+        fill = functools.partial(self._fill, armed, matchers, self.bits)
         if threaded:
             sys.setswitchinterval(SWITCH_ARMED)  # the thread returns without waiting 5 ms
             armed.masks = self.thread.submit(fill)
@@ -173,19 +193,16 @@ class BatchStep:
             armed.masks.set_result(fill())
 
     def _fill(
-        self, armed: Armed, matchers: list[tuple[llguidance.LLMatcher, int]]
+        self, armed: Armed, matchers: list[tuple[llguidance.LLMatcher, int]], bits: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """The step's masks, as `_prepared` gives them; a row fed a token its grammar
         refused allows only EOS."""
-        bits = self.bits
         self.executor.unsafe_compute_mask_ptr(
             matchers, bits.ctypes.data, bits.shape[1] * 4, bits.shape[0]
         )
         for i, grammar in armed.refused:
             grammar.check(bits[i])
-        free = np.ones(armed.size, np.bool_)
-        free[[i for i, _ in armed.rows]] = False
-        return _prepared(bits, free, self.vocab)
+        return _prepared(bits, armed.free, self.vocab)
 
 
 class Masked:
@@ -207,7 +224,8 @@ def _prepared(bits: np.ndarray, free: np.ndarray, vocab: int) -> tuple[np.ndarra
     """`bits` widened to cover `vocab` ids (those past the tokenizer's vocabulary, padding
     rows of the embedding, only in `free` rows), as its distinct rows and each row's index
     among them: a batch under one schema has few distinct masks, and on CUDA each page of a
-    mask costs as it moves between host and device."""
+    mask costs as it moves between host and device. The distinct rows are padded to a power
+    of two, so that `_apply` is traced for few shapes."""
     missing = (vocab + 31) // 32 - bits.shape[1]
     if missing > 0:
         tail = np.where(free[:, None], np.int32(-1), np.int32(0)).repeat(missing, axis=1)
@@ -220,6 +238,9 @@ def _prepared(bits: np.ndarray, free: np.ndarray, vocab: int) -> tuple[np.ndarra
     distinct = bits[first]
     if not np.array_equal(distinct[index], bits):  # two masks with one sum: all rows, then
         return bits, np.arange(len(bits), dtype=np.uint32)
+    padding = (1 << (len(distinct) - 1).bit_length()) - len(distinct)
+    if padding:
+        distinct = np.concatenate([distinct, np.repeat(distinct[:1], padding, axis=0)])
     return distinct, index.astype(np.uint32)
 
 

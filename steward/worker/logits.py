@@ -12,8 +12,8 @@ the step's tokens at once and masks the batch's logits together (`given`); alone
 an answer's first token, the processor reads the token and computes the mask itself. The
 token was queued a step earlier, so reading it rarely waits. (Queuing the forward pass
 before reading it, to compute the mask meanwhile, did not help on the H200: at a batch of
-32 the CPU is the bottleneck, not the device, so `BatchStep` computes the masks on a thread
-while the CPU builds the model call.)
+32 the CPU is the bottleneck, not the device. `BatchStep` computes the masks on a thread
+while the CPU builds the model call, or after it, whichever its steps measure faster.)
 """
 
 from __future__ import annotations
