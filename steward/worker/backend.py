@@ -63,7 +63,7 @@ class Backend:
         self.max_token_chars = max_token_chars(self.tokenizer)
         self.vocab_size = vocab_size(self.model, self.tokenizer)
         self.grammars = Grammars(self.tokenizer._tokenizer, sorted(self.tokenizer.eos_token_ids))
-        self.batch_step = BatchStep(self.grammars.executor, self.vocab_size)
+        self.batch_step = BatchStep(self.grammars.executor)
 
     @functools.cached_property
     def logprobs(self) -> Logprobs:

@@ -33,6 +33,7 @@ SWITCH = sys.getswitchinterval()
 SWITCH_ARMED = 0.0002  # seconds the batch's thread holds the GIL while a mask thread waits
 ALONE = np.zeros(1, np.bool_)  # one row, under a grammar
 FIRST = np.zeros(1, np.uint32)  # its index among the distinct masks
+Masks = tuple[np.ndarray, np.ndarray, np.ndarray]  # `_prepared`'s: rows, index, free rows
 
 
 class Grammar:
@@ -53,7 +54,7 @@ class Grammar:
         batch's rows together)."""
         fill_next_token_bitmask(self.matcher, self.words)
         self.check(self.words[0])
-        return _masked(logits, *_prepared(self.words, ALONE, logits.shape[-1]))
+        return _masked(logits, self.words, FIRST, ALONE)
 
     def check(self, words: np.ndarray) -> None:
         """In an error state (a token the grammar refused, which llguidance reports rather
@@ -71,7 +72,7 @@ class Armed:
     tokens: mx.array
     rows: list[tuple[int, Any]]  # (row, processor) of each member under a grammar
     size: int  # rows in the batch
-    masks: Future[tuple[np.ndarray, np.ndarray]] | None = None  # `_prepared`'s
+    masks: Future[Masks] | None = None
     refused: list[tuple[int, Grammar]] = field(default_factory=list)  # fed a token it forbids
 
     @property
@@ -101,9 +102,8 @@ class BatchStep:
     tried `TRIES` steps in every `PROBE`.
     """
 
-    def __init__(self, executor: llguidance.LLExecutor, vocab: int) -> None:
+    def __init__(self, executor: llguidance.LLExecutor) -> None:
         self.executor = executor
-        self.vocab = vocab  # the logits' width
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self.bits = np.empty((0, 0), np.int32)  # reused: a fresh buffer each step faults
         self.armed: Armed | None = None
@@ -166,9 +166,6 @@ class BatchStep:
         masks = armed.masks.result()
         self.armed = None
         sys.setswitchinterval(SWITCH)
-        if logits.shape[-1] != self.vocab:  # wider than the model's config said: its width
-            self.vocab = logits.shape[-1]
-            masks = _prepared(self.bits, armed.free, self.vocab)
         return _masked(logits, *masks)
 
     def _start(self, armed: Armed, threaded: bool) -> None:
@@ -194,7 +191,7 @@ class BatchStep:
 
     def _fill(
         self, armed: Armed, matchers: list[tuple[llguidance.LLMatcher, int]], bits: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> Masks:
         """The step's masks, as `_prepared` gives them; a row fed a token its grammar
         refused allows only EOS."""
         self.executor.unsafe_compute_mask_ptr(
@@ -202,7 +199,7 @@ class BatchStep:
         )
         for i, grammar in armed.refused:
             grammar.check(bits[i])
-        return _prepared(bits, armed.free, self.vocab)
+        return _prepared(bits, armed.free)
 
 
 class Masked:
@@ -220,32 +217,28 @@ class Masked:
         return getattr(self.model, name)
 
 
-def _prepared(bits: np.ndarray, free: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """`bits` widened to cover `vocab` ids (those past the tokenizer's vocabulary, padding
-    rows of the embedding, only in `free` rows), as its distinct rows and each row's index
-    among them: a batch under one schema has few distinct masks, and on CUDA each page of a
-    mask costs as it moves between host and device. The distinct rows are padded to a power
-    of two, so that `_apply` is traced for few shapes."""
-    missing = (vocab + 31) // 32 - bits.shape[1]
+def _prepared(bits: np.ndarray, free: np.ndarray) -> Masks:
+    """`bits`' distinct rows, each row's index among them, and which of them are `free` (a
+    row without a grammar never shares one with a row that has: past the tokenizer's ids
+    they differ). A batch under one schema has few distinct masks, and on CUDA each page of
+    a mask costs as it moves between host and device. The distinct rows are padded to a
+    power of two, so that `_apply` is traced for few shapes."""
+    keys = bits.sum(axis=1, dtype=np.int64) * 2 + free
+    _, first, index = np.unique(keys, return_index=True, return_inverse=True)
+    if not np.array_equal(bits[first][index], bits):  # two masks with one sum: all rows
+        return bits, np.arange(len(bits), dtype=np.uint32), free
+    padding = (1 << (len(first) - 1).bit_length()) - len(first)
+    first = np.concatenate([first, np.repeat(first[:1], padding)])
+    return bits[first], index.astype(np.uint32), free[first]
+
+
+def _masked(logits: mx.array, bits: np.ndarray, index: np.ndarray, free: np.ndarray) -> mx.array:
+    """Each row of `logits` (rows, [1,] vocab) masked by its row `bits[index[row]]`; the ids
+    past the tokenizer's vocabulary (padding rows of the embedding) only in `free` rows."""
+    missing = (logits.shape[-1] + 31) // 32 - bits.shape[1]
     if missing > 0:
         tail = np.where(free[:, None], np.int32(-1), np.int32(0)).repeat(missing, axis=1)
         bits = np.concatenate([bits, tail], axis=1)
-    if len(bits) == 1:
-        return bits, FIRST
-    _, first, index = np.unique(
-        bits.sum(axis=1, dtype=np.int64), return_index=True, return_inverse=True
-    )
-    distinct = bits[first]
-    if not np.array_equal(distinct[index], bits):  # two masks with one sum: all rows, then
-        return bits, np.arange(len(bits), dtype=np.uint32)
-    padding = (1 << (len(distinct) - 1).bit_length()) - len(distinct)
-    if padding:
-        distinct = np.concatenate([distinct, np.repeat(distinct[:1], padding, axis=0)])
-    return distinct, index.astype(np.uint32)
-
-
-def _masked(logits: mx.array, bits: np.ndarray, index: np.ndarray) -> mx.array:
-    """Each row of `logits` (rows, [1,] vocab) masked by its row `bits[index[row]]`."""
     return _apply(logits, mx.array(bits.view(np.uint32)), mx.array(index))
 
 

@@ -3,6 +3,8 @@ an unfaulted run gives, whatever the prompt cache holds and whoever else is in t
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,22 @@ def test_identical_prompts_prefill_once_and_answer_as_alone(engine) -> None:
     assert [dones[req.id].cached_tokens for req in together[1:]] == [prompt - 1] * 3
 
 
+def spied_paths(monkeypatch, step, slow: bool | None = None) -> list[bool]:
+    """Each armed step's path as `BatchStep` starts its masks (True: the thread), the `slow`
+    one made 20 ms slower."""
+    paths: list[bool] = []
+    start = step._start
+
+    def spied(armed, threaded: bool) -> None:
+        paths.append(threaded)
+        if threaded == slow:
+            time.sleep(0.02)
+        start(armed, threaded)
+
+    monkeypatch.setattr(step, "_start", spied)
+    return paths
+
+
 @pytest.mark.parametrize("threaded", [True, False])
 def test_a_constrained_batch_answers_as_alone_whichever_path_masks_it(
     engine, monkeypatch, threaded: bool
@@ -115,11 +133,7 @@ def test_a_constrained_batch_answers_as_alone_whichever_path_masks_it(
 
     alone = [run(engine, req) for req in asks(30)]
     step = engine.backend.batch_step
-    paths = []
-    start = step._start
-    monkeypatch.setattr(
-        step, "_start", lambda armed, threaded: paths.append(threaded) or start(armed, threaded)
-    )
+    paths = spied_paths(monkeypatch, step)
     monkeypatch.setattr(step, "fixed", threaded)
     tokens, _ = run_together(engine, asks(40))
     # (a step right after a prompt's chunk masks late on either path: `behind`)
@@ -136,9 +150,6 @@ def test_a_constrained_batch_takes_the_path_its_steps_measure_faster(
 ) -> None:
     """`BatchStep` times each path's steps and takes the faster: with one path made 20 ms
     slower, nearly every step takes the other, and it is tried again every `PROBE` steps."""
-    import time
-    from collections import deque
-
     from steward.worker.grammar import PROBE, TRIES
 
     words = {"type": "array", "items": {"type": "string"}, "minItems": 40}  # runs to length
@@ -148,16 +159,7 @@ def test_a_constrained_batch_takes_the_path_its_steps_measure_faster(
     fresh = {path: deque(maxlen=TRIES) for path in (True, False)}
     for name, value in (("spent", fresh), ("steps", 0), ("last", None)):  # nothing measured
         monkeypatch.setattr(step, name, value)
-    paths = []
-    start = step._start
-
-    def slowed(armed, threaded: bool) -> None:
-        paths.append(threaded)
-        if threaded == slow:
-            time.sleep(0.02)
-        start(armed, threaded)
-
-    monkeypatch.setattr(step, "_start", slowed)
+    paths = spied_paths(monkeypatch, step, slow)
     tokens = PROBE + 2 * TRIES  # one try of the slow path after the first ones
     asks = [
         Generate(id=50 + i, seq=1, attempt=1, max_tokens=tokens, prompt=f"q {i}", grammar=grammar)
