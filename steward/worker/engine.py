@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
+from steward.worker.answer import Answer, segments
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
 from steward.worker.grammar import Masked
 from steward.worker.logits import Processor
@@ -31,8 +32,6 @@ from steward.worker.logprobs import Wanted
 from steward.worker.protocol import Done, Generate, Logprob, Rejected, Step, Token, prompt_text
 from steward.worker.sampling import sampler
 from steward.worker.solo import Solo
-from steward.worker.stops import StopMatcher
-from steward.worker.toolcalls import ToolCalls
 
 PREFILL_STEP = 512  # prompt tokens per prefill chunk: the batch waits at most one chunk
 PREFILL_BATCH = 8  # prompts prefilled together
@@ -66,8 +65,7 @@ class Member:
     prompt_tokens: int
     cached_tokens: int
     detokenizer: Any
-    stops: StopMatcher
-    calls: ToolCalls | None
+    answer: Answer
     processor: Processor | None
     admitted: float
     marked: str  # what fault-injection markers are looked for in ("" without injection)
@@ -95,7 +93,6 @@ class Engine:
         self.waiting: dict[int, list[Waiting]] = {}  # uid -> requests that wait for its prompt
         self.eos = set(backend.tokenizer.eos_token_ids)
         self.generator = self._generator()
-        self.prompted = False  # the last step queued prompt work after its decode
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -136,19 +133,14 @@ class Engine:
             len(prompt),
             min(held, len(prompt)),  # what usage reports: of the prompt
             backend.tokenizer.detokenizer,
-            StopMatcher(req.stop),
-            backend.tool_calls(req),
+            Answer(req.stop, backend.tool_calls(req)),
             processor,
             time.perf_counter(),
             marked,
             count=len(req.resume),
             resumed=len(req.resume),
         )
-        for token in req.resume:  # the answer the client has: its state, not its text
-            member.detokenizer.add_token(token)
-            piece, _ = member.stops.feed(member.detokenizer.last_segment)
-            if member.calls is not None:
-                member.calls.feed(piece)
+        member.answer.resume(segments(member.detokenizer, req.resume))
         max_tokens = (req.max_tokens or backend.context_length - len(prompt)) - member.count
         if max_tokens < 1:  # the fault struck after the last token: nothing is left to do
             self.finished.append(self._done(member, "length"))
@@ -184,7 +176,6 @@ class Engine:
             return self._solo_step()
         self._arm_grammars()
         prompts, outputs = self.generator.next() if self.members else ([], [])
-        self.prompted = bool(prompts)
         for response in prompts:
             if response.end_of_prompt:
                 self._prefilled(response.uid)
@@ -244,7 +235,7 @@ class Engine:
             if member.processor.masks_only:
                 batch.logits_processors[i] = ()
         if rows and batch._next_tokens is not None:
-            self.backend.batch_step.arm(batch._next_tokens, rows, len(batch.uids), self.prompted)
+            self.backend.batch_step.arm(batch._next_tokens, rows, len(batch.uids))
         else:
             self.backend.batch_step.disarm()
 
@@ -278,18 +269,9 @@ class Engine:
             member.detokenizer.add_token(out.token)
         if out.finish_reason:
             member.detokenizer.finalize()
-        piece, stopped = member.stops.feed(member.detokenizer.last_segment)
-        finish = "stop" if stopped else out.finish_reason
-        if finish and not stopped:
-            piece += member.stops.flush()
-        calls = []
-        if member.calls is not None:
-            piece, calls = member.calls.feed(piece)
-            if finish:
-                rest, more = member.calls.finish()
-                piece, calls = piece + rest, calls + more
-            if finish == "stop" and member.calls.made:
-                finish = "tool_calls"
+        piece, calls, finish = member.answer.feed(
+            member.detokenizer.last_segment, out.finish_reason
+        )
         if piece or real or calls:
             tokens.append(Token(req.id, int(out.token) if real else -1, piece, logprob, calls))
         return finish

@@ -10,15 +10,11 @@ the mask is applied here with plain MLX operations that run on every device.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import statistics
-import sys
-import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import llguidance
 import llguidance.hf
@@ -27,13 +23,10 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 COMPILED = 64  # grammars kept compiled: a client repeats its schema
-PROBE = 64  # steps between tries of the path not taken
-TRIES = 4  # steps each try takes, and the steps whose median stands for a path
-SWITCH = sys.getswitchinterval()
-SWITCH_ARMED = 0.0002  # seconds the batch's thread holds the GIL while a mask thread waits
 ALONE = np.zeros(1, np.bool_)  # one row, under a grammar
 FIRST = np.zeros(1, np.uint32)  # its index among the distinct masks
 Masks = tuple[np.ndarray, np.ndarray, np.ndarray]  # `_prepared`'s: rows, index, free rows
+MASKER = ThreadPoolExecutor(1, thread_name_prefix="grammar")  # the worker steps one call at once
 
 
 class Grammar:
@@ -49,12 +42,18 @@ class Grammar:
         """False: the grammar does not allow `token` (it is in its error state now)."""
         return self.matcher.consume_token(token)
 
-    def mask(self, logits: mx.array) -> mx.array:
-        """The next token's mask, computed and applied here (alone; `BatchStep` masks a
-        batch's rows together)."""
-        fill_next_token_bitmask(self.matcher, self.words)
-        self.check(self.words[0])
-        return _masked(logits, self.words, FIRST, ALONE)
+    def mask(self, logits: mx.array, token: int | None) -> mx.array:
+        """`logits` masked for the next token, once the grammar is fed `token` (None: the
+        answer's first); alone (`BatchStep` masks a batch's rows together)."""
+
+        def masks() -> Masks:
+            if token is not None:
+                self.accept(token)
+            fill_next_token_bitmask(self.matcher, self.words)
+            self.check(self.words[0])
+            return self.words, FIRST, ALONE
+
+        return launched(logits, masks)
 
     def check(self, words: np.ndarray) -> None:
         """In an error state (a token the grammar refused, which llguidance reports rather
@@ -64,142 +63,66 @@ class Grammar:
             words.view(np.uint32)[self.eos // 32] = 1 << self.eos % 32
 
 
-@dataclass(eq=False)
-class Armed:
-    """A batch step's grammar rows: the tokens it feeds (still on the device), each row's
-    processor, and its masks once started."""
+class Armed(NamedTuple):
+    """A batch step's grammar rows: the tokens it feeds (still on the device) and each
+    row's processor."""
 
     tokens: mx.array
     rows: list[tuple[int, Any]]  # (row, processor) of each member under a grammar
     size: int  # rows in the batch
-    masks: Future[Masks] | None = None
-    refused: list[tuple[int, Grammar]] = field(default_factory=list)  # fed a token it forbids
-
-    @property
-    def free(self) -> np.ndarray:
-        """The rows without a grammar."""
-        free = np.ones(self.size, np.bool_)
-        free[[i for i, _ in self.rows]] = False
-        return free
 
 
 class BatchStep:
     """A batch step's grammar masks, applied to the whole batch's logits at once.
 
-    The engine arms it before each step with the tokens the step feeds, still on the
-    device. At a batch of 1B-model size the step is bound by the CPU (building the model
-    call), so the masks are computed on a thread meanwhile: `arm` reads the tokens (the
-    step that drew them is done or nearly), feeds each grammar, and starts every mask on
-    llguidance's threads, which release the GIL; the batch's model call (`Masked`) then
-    takes the masks and masks the logits in one operation. The other path reads the tokens
-    and computes the masks after the build (`late`): it leaves the device busy while the
-    call is built, which wins when the device is the bottleneck (a large model), and it
-    wakes no thread, which wins on a host where that costs (in four runs on the H200's
-    virtual machine the thread path measured 0.60 to 0.97 of an unmasked step, late 0.79 to
-    0.82, and how long reading the tokens waited did not tell which would win). So each
-    path's own steps are timed (from one arm to the next, at an unchanged batch size) and
-    the path whose last `TRIES` steps took less, by their median, is taken, with the other
-    tried `TRIES` steps in every `PROBE`.
+    The engine arms it before each step with the tokens the step feeds and the rows under
+    a grammar. When the model call's logits come (`Masked`), it reads the tokens (drawn a
+    step earlier, so ready) and masks the logits as `launched` does: the grammars are fed
+    and the masks computed on the grammar thread while this one launches the call.
     """
 
     def __init__(self, executor: llguidance.LLExecutor) -> None:
         self.executor = executor
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self.bits = np.empty((0, 0), np.int32)  # reused: a fresh buffer each step faults
         self.armed: Armed | None = None
-        self.fixed: bool | None = None  # the path every step takes (benches, tests)
-        self.spent: dict[bool, deque[float]] = {  # each path's last steps (threaded?), seconds
-            path: deque(maxlen=TRIES) for path in (True, False)
-        }
-        self.steps = 0
-        self.last: tuple[float, int, bool] | None = None  # (when, size, threaded): to be timed
 
-    def arm(self, tokens: mx.array, rows: list[tuple[int, Any]], size: int, behind: bool) -> None:
-        """`behind`: the device has work queued after these tokens (a prompt's chunk), which
-        reading them may wait for: the masks wait until the model call is built."""
-        now = time.perf_counter()
-        if self.last is not None and not behind:  # the last step, timed
-            when, before, threaded = self.last
-            if before == size:
-                self.spent[threaded].append(now - when)
-            else:  # another batch: the times before do not compare
-                for times in self.spent.values():
-                    times.clear()
-        self.disarm()
+    def arm(self, tokens: mx.array, rows: list[tuple[int, Any]], size: int) -> None:
         self.armed = Armed(tokens, rows, size)
-        if not behind:
-            threaded = self._threaded()
-            self.last = (now, size, threaded)
-            if threaded:
-                self._start(self.armed, threaded=True)
 
     def disarm(self) -> None:
         """Forget an armed step whose model call did not come (a fault), or the last one
-        when this step has no grammar (its time, too: the next step's is not its path's).
-        Its masks are finished first, so no thread still feeds a grammar."""
-        if self.armed is not None and self.armed.masks is not None:
-            with contextlib.suppress(Exception):
-                self.armed.masks.result()
-            sys.setswitchinterval(SWITCH)
+        when this step has no grammar."""
         self.armed = None
-        self.last = None
-
-    def _threaded(self) -> bool:
-        """The path of this step: the faster so far, or, `TRIES` steps in `PROBE`, the other
-        (an untried path counts as the faster)."""
-        if self.fixed is not None:
-            return self.fixed
-        self.steps += 1
-        took = {
-            path: statistics.median(times) if times else 0.0 for path, times in self.spent.items()
-        }
-        return (took[True] <= took[False]) != (self.steps % PROBE < TRIES)
 
     def apply(self, logits: mx.array) -> mx.array:
         """`logits` of a model call; masked if it is the armed step's (size, 1, vocab)."""
         armed = self.armed
         if armed is None or logits.shape[:2] != (armed.size, 1):
             return logits
-        if armed.masks is None:
-            self._start(armed, threaded=False)
-        assert armed.masks is not None
-        masks = armed.masks.result()
         self.armed = None
-        sys.setswitchinterval(SWITCH)
-        return _masked(logits, *masks)
-
-    def _start(self, armed: Armed, threaded: bool) -> None:
-        """Read the step's tokens, feed each grammar, and compute the masks on the thread or
-        here."""
-        fed = armed.tokens.tolist()
         width = armed.rows[0][1].grammar.words.shape[1]
         if self.bits.shape != (armed.size, width):
             self.bits = np.empty((armed.size, width), np.int32)
-        self.bits.fill(-1)  # rows without a grammar: every token allowed
-        matchers = []
+        fed = armed.tokens.tolist()
+        return launched(logits, functools.partial(self._masks, armed, fed, self.bits))
+
+    def _masks(self, armed: Armed, fed: list[int], bits: np.ndarray) -> Masks:
+        """Feed each grammar its row's token, then the step's masks, as `_prepared` gives
+        them; a row fed a token its grammar refused allows only EOS."""
+        bits.fill(-1)  # rows without a grammar: every token allowed
+        free = np.ones(armed.size, np.bool_)
+        matchers, refused = [], []
         for i, processor in armed.rows:
             if not processor.give(fed[i]):
-                armed.refused.append((i, processor.grammar))
+                refused.append((i, processor.grammar))
             matchers.append((processor.grammar.matcher, i))
-        fill = functools.partial(self._fill, armed, matchers, self.bits)
-        if threaded:
-            sys.setswitchinterval(SWITCH_ARMED)  # the thread returns without waiting 5 ms
-            armed.masks = self.thread.submit(fill)
-        else:
-            armed.masks = Future()
-            armed.masks.set_result(fill())
-
-    def _fill(
-        self, armed: Armed, matchers: list[tuple[llguidance.LLMatcher, int]], bits: np.ndarray
-    ) -> Masks:
-        """The step's masks, as `_prepared` gives them; a row fed a token its grammar
-        refused allows only EOS."""
+            free[i] = False
         self.executor.unsafe_compute_mask_ptr(
             matchers, bits.ctypes.data, bits.shape[1] * 4, bits.shape[0]
         )
-        for i, grammar in armed.refused:
+        for i, grammar in refused:
             grammar.check(bits[i])
-        return _prepared(bits, armed.free)
+        return _prepared(bits, free)
 
 
 class Masked:
@@ -215,6 +138,22 @@ class Masked:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
+
+
+def launched(logits: mx.array, masks: Callable[[], Masks]) -> mx.array:
+    """`logits` masked by `masks()`, which runs on the grammar thread while this one
+    launches the model call. `mx.async_eval` releases the GIL while it encodes the call's
+    kernels, which is most of a decode step when the CPU is the bottleneck (a 1B model on
+    the H200: 3.5-6.3 ms of a 5-10 ms step), so the grammars are fed and the masks
+    computed meanwhile; when the device is the bottleneck, they are computed while it
+    runs the call. (Computed while the call was built, or after it, they cost 13% of a
+    step at a batch of 32; this way, 3%: docs/benchmarks.md.)"""
+    job = MASKER.submit(masks)
+    try:
+        mx.async_eval(logits)
+    finally:
+        job.exception()  # waits: the grammars are left alone, whatever happened here
+    return _masked(logits, *job.result())
 
 
 def _prepared(bits: np.ndarray, free: np.ndarray) -> Masks:
@@ -239,17 +178,46 @@ def _masked(logits: mx.array, bits: np.ndarray, index: np.ndarray, free: np.ndar
     if missing > 0:
         tail = np.where(free[:, None], np.int32(-1), np.int32(0)).repeat(missing, axis=1)
         bits = np.concatenate([bits, tail], axis=1)
-    return _apply(logits, mx.array(bits.view(np.uint32)), mx.array(index))
+    return _apply(logits, RESIDENT.get(bits.view(np.uint32)), RESIDENT.get(index))
+
+
+class Resident:
+    """Small host arrays kept on the device, found again by their bytes. A batch's masks
+    repeat from step to step (every step inside a string has the same), and on CUDA each
+    fresh one cost the H200 0.1 ms of the main thread (its pages move to the device)."""
+
+    def __init__(self, entries: int, largest: int) -> None:
+        self.entries = entries
+        self.largest = largest  # bytes: past this, hashing would cost what it saves
+        self.arrays: OrderedDict[tuple[bytes, tuple[int, ...]], mx.array] = OrderedDict()
+
+    def get(self, host: np.ndarray) -> mx.array:
+        if host.nbytes > self.largest:
+            return mx.array(host)
+        key = host.tobytes(), host.shape
+        if (found := self.arrays.get(key)) is not None:
+            self.arrays.move_to_end(key)
+            return found
+        self.arrays[key] = array = mx.array(host)
+        if len(self.arrays) > self.entries:
+            self.arrays.popitem(last=False)
+        return array
+
+
+RESIDENT = Resident(entries=128, largest=32 << 10)
 
 
 @mx.compile
 def _apply(logits: mx.array, bits: mx.array, index: mx.array) -> mx.array:
     """Unpacked by shifting each word by 0..31, not by gathering a word per id: with a
     fresh mask each step the gather cost the H200 1.7 ms a step (1B, batch of 32), the
-    shift nothing measurable in the same run (docs/benchmarks.md)."""
+    shift nothing measurable in the same run (docs/benchmarks.md). A vocabulary of whole
+    words is masked in its words' shape, one fused operation."""
     bits = bits[index]
     rows, words = bits.shape
     allowed = (bits[:, :, None] >> mx.arange(32, dtype=mx.uint32)) & 1
+    if 32 * words == logits.shape[-1]:
+        return mx.where(allowed > 0, logits.reshape(rows, words, 32), -mx.inf).reshape(logits.shape)
     allowed = allowed.reshape(rows, 32 * words)[:, : logits.shape[-1]]
     return mx.where(allowed.reshape(logits.shape) > 0, logits, -mx.inf)
 

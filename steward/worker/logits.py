@@ -9,11 +9,10 @@ prompt's do not count, as in vLLM's presence and frequency penalties).
 
 Only a grammar needs each token on the CPU. In a batch, `BatchStep` feeds every grammar
 the step's tokens at once and masks the batch's logits together (`given`); alone, and for
-an answer's first token, the processor reads the token and computes the mask itself. The
-token was queued a step earlier, so reading it rarely waits. (Queuing the forward pass
-before reading it, to compute the mask meanwhile, did not help on the H200: at a batch of
-32 the CPU is the bottleneck, not the device. `BatchStep` computes the masks on a thread
-while the CPU builds the model call, or after it, whichever its steps measure faster.)
+an answer's first token, the processor reads the token and the grammar masks the logits
+itself. The token was queued a step earlier, so reading it rarely waits. Either way the
+grammar is fed and the mask computed on a thread while the model call is launched
+(`grammar.launched`).
 """
 
 from __future__ import annotations
@@ -51,11 +50,9 @@ class Processor:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         grammar, given = self.grammar, self.given
-        if grammar is not None and not given and self.fed:  # alone
-            grammar.accept(_last(tokens))
         if self.fed:
             self._count(tokens[-1:])
-        self.fed = True
+        fed, self.fed = self.fed, True
         self.given = False
         if given and self.masks_only:
             return logits  # masked with the batch's
@@ -64,8 +61,8 @@ class Processor:
             logits = logits.at[:, self.bias[0]].add(self.bias[1])
         if self.penalised:
             logits = self._penalise(logits)
-        if grammar is not None and not given:
-            logits = grammar.mask(logits)
+        if grammar is not None and not given:  # alone, or the answer's first token
+            logits = grammar.mask(logits, _last(tokens) if fed else None)
         return logits if logits.dtype == dtype else logits.astype(dtype)
 
     def rewind(self) -> None:

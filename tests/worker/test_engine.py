@@ -3,8 +3,7 @@ an unfaulted run gives, whatever the prompt cache holds and whoever else is in t
 
 from __future__ import annotations
 
-import time
-from collections import deque
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -90,31 +89,24 @@ def test_identical_prompts_prefill_once_and_answer_as_alone(engine) -> None:
     assert [dones[req.id].cached_tokens for req in together[1:]] == [prompt - 1] * 3
 
 
-def spied_paths(monkeypatch, step, slow: bool | None = None) -> list[bool]:
-    """Each armed step's path as `BatchStep` starts its masks (True: the thread), the `slow`
-    one made 20 ms slower."""
-    paths: list[bool] = []
-    start = step._start
-
-    def spied(armed, threaded: bool) -> None:
-        paths.append(threaded)
-        if threaded == slow:
-            time.sleep(0.02)
-        start(armed, threaded)
-
-    monkeypatch.setattr(step, "_start", spied)
-    return paths
-
-
-@pytest.mark.parametrize("threaded", [True, False])
-def test_a_constrained_batch_answers_as_alone_whichever_path_masks_it(
-    engine, monkeypatch, threaded: bool
+def test_a_constrained_batch_answers_as_alone_its_grammars_fed_on_their_thread(
+    engine, monkeypatch
 ) -> None:
-    """In a batch the masks are computed on a thread while the model call is built, or
-    after it when the device is the bottleneck (`BatchStep`): either way each member
+    """Alone or in a batch, the grammars are fed and the masks computed on the grammar
+    thread while the model call is launched (`grammar.launched`): each member of a batch
     samples exactly what it samples alone, and only what its schema allows."""
+    from steward.worker.grammar import Grammar
+
     schema = {"type": "object", "properties": {"w": {"type": "array", "items": {"type": "string"}}}}
     grammar = compile_schema(schema, "test")
+    threads: list[str] = []
+    accept = Grammar.accept
+
+    def spied(self, token: int) -> bool:
+        threads.append(threading.current_thread().name)
+        return accept(self, token)
+
+    monkeypatch.setattr(Grammar, "accept", spied)
 
     def asks(first: int) -> list[Generate]:
         return [
@@ -132,39 +124,9 @@ def test_a_constrained_batch_answers_as_alone_whichever_path_masks_it(
         ]
 
     alone = [run(engine, req) for req in asks(30)]
-    step = engine.backend.batch_step
-    paths = spied_paths(monkeypatch, step)
-    monkeypatch.setattr(step, "fixed", threaded)
     tokens, _ = run_together(engine, asks(40))
-    # (a step right after a prompt's chunk masks late on either path: `behind`)
-    assert paths.count(threaded) >= 10 and (threaded or True not in paths)
     assert [tokens[40 + i] for i in range(4)] == alone
+    assert len(threads) >= 20 and all(name.startswith("grammar") for name in threads)
     tokenizer = engine.backend.grammars.tokenizer
     for answer in alone:
         assert llguidance.LLMatcher(tokenizer, grammar).consume_tokens(answer)
-
-
-@pytest.mark.parametrize("slow", [True, False])
-def test_a_constrained_batch_takes_the_path_its_steps_measure_faster(
-    engine, monkeypatch, slow: bool
-) -> None:
-    """`BatchStep` times each path's steps and takes the faster: with one path made 20 ms
-    slower, nearly every step takes the other, and it is tried again every `PROBE` steps."""
-    from steward.worker.grammar import PROBE, TRIES
-
-    words = {"type": "array", "items": {"type": "string"}, "minItems": 40}  # runs to length
-    schema = {"type": "object", "properties": {"w": words}, "required": ["w"]}
-    grammar = compile_schema(schema, "test")
-    step = engine.backend.batch_step
-    fresh = {path: deque(maxlen=TRIES) for path in (True, False)}
-    for name, value in (("spent", fresh), ("steps", 0), ("last", None)):  # nothing measured
-        monkeypatch.setattr(step, name, value)
-    paths = spied_paths(monkeypatch, step, slow)
-    tokens = PROBE + 2 * TRIES  # one try of the slow path after the first ones
-    asks = [
-        Generate(id=50 + i, seq=1, attempt=1, max_tokens=tokens, prompt=f"q {i}", grammar=grammar)
-        for i in range(4)
-    ]
-    answers, _ = run_together(engine, asks)
-    assert all(len(answers[req.id]) == tokens for req in asks)
-    assert len(paths) >= PROBE and TRIES <= paths.count(slow) <= 2 * TRIES + 2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from llguidance.numpy import apply_token_bitmask_inplace
 
-from steward.worker.grammar import _masked, _prepared
+from steward.worker.grammar import Resident, _masked, _prepared
 
 
 def reference(logits: np.ndarray, bits: np.ndarray, free: np.ndarray) -> np.ndarray:
@@ -62,3 +62,20 @@ def test_rows_with_one_sum_but_different_bits_stay_apart() -> None:
     bits[1, 1] = 1  # sums like row 0, differs from it
     distinct, index, _ = _prepared(bits, np.zeros(3, np.bool_))
     assert np.array_equal(distinct[index], bits)
+
+
+def test_a_mask_seen_again_is_not_uploaded_again() -> None:
+    resident = Resident(entries=3, largest=1 << 10)
+    mask = np.arange(8, dtype=np.uint32)
+    first = resident.get(mask)
+    assert resident.get(mask.copy()) is first  # the same bytes: already on the device
+    other = mask.copy()
+    other[0] = 9
+    assert np.array_equal(np.array(resident.get(other)), other)
+    assert resident.get(mask.reshape(2, 4)).shape == (2, 4)  # the same bytes, another shape
+    assert resident.get(mask) is first
+    resident.get(mask + 1)  # a fourth: the least recently used (`other`) leaves
+    assert len(resident.arrays) == 3 and resident.get(mask) is first
+    assert (other.tobytes(), other.shape) not in resident.arrays
+    large = np.zeros(512, np.uint32)
+    assert resident.get(large) is not resident.get(large)  # hashing would cost what it saves
