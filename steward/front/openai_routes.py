@@ -68,8 +68,6 @@ async def generate(request: Request, kind: str, body: ChatRequest | CompletionRe
     urls = body.image_urls()
     if urls and not supervisor.vision:
         raise ApiError("validation_error", f"The model {model!r} does not take images.")
-    if supervisor.vision and (unsupported := _beyond_vision(body, params)):
-        raise ApiError("validation_error", f"not supported for vision models: {unsupported}")
     if isinstance(body, ChatRequest) and (body.tools or body.structured()):
         params |= (await asyncio.to_thread(constraint, body)).params()  # off the event loop
     images = await load_images(urls, ImageLimits.of(config)) if urls else []
@@ -107,21 +105,6 @@ def _choices(payload: Generate, n: int) -> list[Generate]:
     if payload.seed is None:
         return [payload] * n
     return [msgspec.structs.replace(payload, seed=(payload.seed + i) % 2**32) for i in range(n)]
-
-
-def _beyond_vision(body: ChatRequest | CompletionRequest, params: dict[str, Any]) -> str:
-    """What mlx-vlm's generation does not take (it has no logits processors)."""
-    asked = Generate(id=0, seq=0, attempt=0, **params)
-    used = {
-        "logprobs": asked.logprobs >= 0,
-        "logit_bias": bool(asked.logit_bias),
-        "penalties": asked.penalised,
-        "top_k, min_p": asked.top_k > 0 or asked.min_p > 0,
-        "n": body.n > 1,
-        "tools": isinstance(body, ChatRequest) and bool(body.tools),
-        "response_format": isinstance(body, ChatRequest) and body.structured(),
-    }
-    return ", ".join(name for name, on in used.items() if on)
 
 
 @router.post("/chat/completions", responses=generation_responses("chat.completion"))

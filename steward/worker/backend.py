@@ -16,6 +16,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 from mlx_lm import load
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from steward.worker.grammar import BatchStep, Grammars
 from steward.worker.injection import Injector
@@ -52,34 +53,21 @@ def max_token_chars(tokenizer: Any) -> int:
     return max((len(token) for token in tokenizer.get_vocab()), default=1)
 
 
-class Backend:
-    batches = True  # engine.py decodes its requests together
+class Shaping:
+    """What a backend does to an answer beyond its model: the logits shaped (`logit_bias`,
+    the penalties, a grammar), the log-probabilities read, the tool calls found. Text and
+    vision backends alike, from mlx-lm's tokenizer."""
 
-    def __init__(self, model_dir: Path, injector: Injector) -> None:
-        self.injector = injector
-        injector.hit("load")
-        self.model, self.tokenizer = load(str(model_dir))
-        self.context_length = context_length(model_dir)
-        self.max_token_chars = max_token_chars(self.tokenizer)
-        self.vocab_size = vocab_size(self.model, self.tokenizer)
-        self.grammars = Grammars(self.tokenizer._tokenizer, sorted(self.tokenizer.eos_token_ids))
-        self.batch_step = BatchStep(self.grammars.executor)
+    def __init__(self, model: Any, tokenizer: TokenizerWrapper) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size(model, tokenizer)
+        self.grammars = Grammars(tokenizer._tokenizer, sorted(tokenizer.eos_token_ids))
 
     @functools.cached_property
     def logprobs(self) -> Logprobs:
         return Logprobs(self.grammars.tokenizer.decode_bytes)
 
-    def encode(self, req: Generate) -> list[int]:
-        if req.messages is not None:
-            tools = {"tools": req.tools} if req.tools else {}
-            return list(
-                self.tokenizer.apply_chat_template(
-                    req.messages, add_generation_prompt=True, **tools
-                )
-            )
-        return list(self.tokenizer.encode(req.prompt or ""))
-
-    def processor(self, req: Generate) -> Processor | None:
+    def logits_processor(self, req: Generate) -> Processor | None:
         """What shapes the request's logits, if anything does. ValueError: a token id out
         of the vocabulary, a grammar that does not compile (the request's 400)."""
         if bad := [t for t in req.logit_bias if t >= self.vocab_size]:
@@ -99,9 +87,32 @@ class Backend:
         return ToolCalls("auto", markers=markers, parser=tokenizer.tool_parser, tools=req.tools)
 
 
+class Backend(Shaping):
+    batches = True  # engine.py decodes its requests together
+
+    def __init__(self, model_dir: Path, injector: Injector) -> None:
+        self.injector = injector
+        injector.hit("load")
+        self.model, tokenizer = load(str(model_dir))
+        super().__init__(self.model, tokenizer)
+        self.context_length = context_length(model_dir)
+        self.max_token_chars = max_token_chars(tokenizer)
+        self.batch_step = BatchStep(self.grammars.executor)
+
+    def encode(self, req: Generate) -> list[int]:
+        if req.messages is not None:
+            tools = {"tools": req.tools} if req.tools else {}
+            return list(
+                self.tokenizer.apply_chat_template(
+                    req.messages, add_generation_prompt=True, **tools
+                )
+            )
+        return list(self.tokenizer.encode(req.prompt or ""))
+
+
 def vocab_size(model: Any, tokenizer: Any) -> int:
     """The logits' width: the model's vocabulary (often padded past the tokenizer's)."""
-    args = getattr(model, "args", None)
+    args = getattr(model, "args", None) or getattr(model, "config", None)  # mlx-lm, mlx-vlm
     size = getattr(args, "vocab_size", None) or getattr(
         getattr(args, "text_config", None), "vocab_size", None
     )

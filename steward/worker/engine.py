@@ -125,7 +125,7 @@ class Engine:
         cache, rest = self._cached(tokens) if req.id >= 0 else (None, tokens)
         held = len(tokens) - len(rest)  # tokens whose KV came from the prompt cache
         try:
-            processor = backend.processor(req)
+            processor = backend.logits_processor(req)
         except ValueError as exc:
             return Rejected(req.id, "validation_error", str(exc))
         member = Member(

@@ -152,8 +152,13 @@ def _serve_alone(
     cancelled: set[int],
     send: Callable[[FromWorker], None],
 ) -> None:
-    """One request at a time, for backends that cannot batch."""
+    """One request at a time, for backends that cannot batch. A cancel is seen by the
+    request it follows at once (the reader adds it to `cancelled`); taken from the inbox,
+    it is spent: every request before it has ended (after a fault, its replay comes next,
+    with the same id, and must not be cancelled)."""
     while (req := inbox.get()) is not None:
+        if isinstance(req, Cancel):
+            cancelled.discard(req.id)
         if not isinstance(req, Generate):
             continue
         try:

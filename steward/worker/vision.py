@@ -8,6 +8,10 @@ The worker never sees a URL or a path: mlx-vlm is only ever handed PIL images.
 Preprocessing (decode, resize, tiling, image-token expansion) runs before the prefill fault
 point, with mlx-vlm's own `prepare_inputs`, so the prompt's true token count (image tokens
 included) is known and checked against the context before any model code runs.
+
+What shapes an answer is the text backend's (`Shaping`): the sampler, the logits processor
+(`logit_bias`, penalties, a grammar), log-probabilities and tool calls, handed to mlx-vlm's
+generation. A resumed answer's tokens follow the prompt, as in the batch.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.utils import load_tokenizer
 from mlx_vlm import apply_chat_template, load, stream_generate
 from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 from PIL import Image, UnidentifiedImageError
 
+from steward.worker.answer import Answer, segments
 from steward.worker.backend import (
     PREPARE_ERRORS,
+    Shaping,
     context_length,
     max_token_chars,
     over_context,
@@ -33,7 +40,7 @@ from steward.worker.backend import (
 )
 from steward.worker.injection import Injector
 from steward.worker.protocol import Done, Generate, Rejected, Step, Token, prompt_text
-from steward.worker.stops import StopMatcher
+from steward.worker.sampling import sampler
 
 Emit = Callable[[Step], None]
 
@@ -80,13 +87,14 @@ def image_parts(req: Generate) -> int:
     )
 
 
-class VisionBackend:
+class VisionBackend(Shaping):
     batches = False  # mlx-vlm batches few models: requests run alone, in order
 
     def __init__(self, model_dir: Path, injector: Injector) -> None:
         self.injector = injector
         injector.hit("load")
         self.model, self.processor = load(str(model_dir))
+        super().__init__(self.model, load_tokenizer(model_dir))
         self.context_length = context_length(model_dir)
         self.max_token_chars = max_token_chars(getattr(self.processor, "tokenizer", self.processor))
 
@@ -94,8 +102,9 @@ class VisionBackend:
         """The chat template applied by mlx-vlm (it knows each family's message format)."""
         if req.messages is None:
             return req.prompt or ""
+        tools = {"tools": req.tools} if req.tools else {}
         return apply_chat_template(
-            self.processor, self.model.config, req.messages, num_images=n_images
+            self.processor, self.model.config, req.messages, num_images=n_images, **tools
         )
 
     def prepare(self, req: Generate, images: Sequence[ImageInput] = ()) -> Prepared:
@@ -150,75 +159,85 @@ class VisionBackend:
             return unpreparable(req, exc)
         if rejected := over_context(req, self.context_length, inputs.prompt_tokens):
             return rejected
+        try:
+            processor = self.logits_processor(req)
+        except ValueError as exc:
+            return Rejected(req.id, "validation_error", str(exc))
+        answer = Answer(req.stop, self.tool_calls(req))
+        answer.resume(segments(self.tokenizer.detokenizer, req.resume))
         room = self.context_length - inputs.prompt_tokens
         emit(Step(prefilled=[req.id]))  # preprocessing done: a slow image is not a stall
         self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req), req.armed)
+        left = (req.max_tokens or room) - len(req.resume)
+        if left < 1:  # the fault struck after the last token: nothing is left to do
+            return done(req, "length", inputs.prompt_tokens, len(req.resume), start, start)
+        resumed = mx.array(list(req.resume), inputs.input_ids.dtype).reshape(1, -1)
         outputs = stream_generate(
             self.model,
             self.processor,
             "",
-            input_ids=inputs.input_ids,
+            input_ids=mx.concatenate([inputs.input_ids, resumed], axis=1),
             pixel_values=inputs.pixel_values,
-            mask=inputs.mask,
+            mask=None if req.resume else inputs.mask,
             **inputs.extra,
-            max_tokens=req.max_tokens or room,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=0,
-            seed=req.seed,
+            max_tokens=left,
+            sampler=sampler(req, position=len(req.resume)),
+            logits_processors=[processor] if processor is not None else None,
         )
         # mlx-vlm yields one result per generated token, then a final one (finish_reason
         # set) carrying only the detokenizer's flushed text: not a token.
-        return relay(
-            req,
-            outputs,
-            lambda out: out.finish_reason is None,
-            inputs.prompt_tokens,
-            start,
-            emit,
-            cancelled,
-            self.injector,
-        )
+        return self.relay(req, outputs, answer, inputs.prompt_tokens, start, emit, cancelled)
+
+    def relay(
+        self,
+        req: Generate,
+        outputs: Iterable[Any],
+        answer: Answer,
+        prompt_tokens: int,
+        start: float,
+        emit: Emit,
+        cancelled: Callable[[], bool],
+    ) -> Done:
+        """mlx-vlm's responses to one `Step` per token and a `Done`: the answer's text, tool
+        calls and log-probabilities, the decode fault point, cancellation and timings (one
+        request at a time: mlx-vlm does not batch every model, so vision requests run
+        alone)."""
+        text = prompt_text(req)
+        first, count, finish = start, len(req.resume), None
+        for step, out in enumerate(outputs):
+            real = out.finish_reason is None
+            if step == 0:
+                first = time.perf_counter()
+            elif real:
+                self.injector.hit("decode", req.seq, req.attempt, text, req.armed)
+            count += real
+            ended = None if real else ("stop" if out.finish_reason == "stop" else "length")
+            piece, calls, finish = answer.feed(out.text, ended)
+            logprob = None
+            if real and req.logprobs >= 0:
+                (logprob,) = self.logprobs.rows([(int(out.token), req.logprobs, out.logprobs)])
+            if piece or real or calls:
+                token = int(out.token) if real else -1
+                emit(Step(tokens=[Token(req.id, token, piece, logprob, calls)]))
+            if finish:
+                break
+            if cancelled():
+                finish = "cancelled"
+                break
+        return done(req, finish or "length", prompt_tokens, count, start, first)
 
 
-def relay(
-    req: Generate,
-    outputs: Iterable[Any],
-    is_token: Callable[[Any], bool],
-    prompt_tokens: int,
-    start: float,
-    emit: Emit,
-    cancelled: Callable[[], bool],
-    injector: Injector,
+def done(
+    req: Generate, finish: str, prompt_tokens: int, count: int, start: float, first: float
 ) -> Done:
-    """mlx-vlm's responses to one `Step` per token and a `Done`: stop strings, the decode
-    fault point, cancellation and timings (one request at a time: mlx-vlm does not batch
-    every model, so vision requests run alone)."""
-    text = prompt_text(req)
-    stops = StopMatcher(req.stop)
-    first, count, finish = start, 0, "length"
-    for step, out in enumerate(outputs):
-        real = is_token(out)
-        if step == 0:
-            first = time.perf_counter()
-        elif real:
-            injector.hit("decode", req.seq, req.attempt, text, req.armed)
-        count += real
-        piece, stopped = stops.feed(out.text)
-        if stopped or out.finish_reason:
-            piece += "" if stopped else stops.flush()
-            finish = "stop" if stopped or out.finish_reason == "stop" else "length"
-        if piece or real:
-            emit(Step(tokens=[Token(req.id, int(out.token) if real else -1, piece)]))
-        if stopped or cancelled():
-            finish = finish if stopped else "cancelled"
-            break
+    """`count` tokens in all, resumed ones included; the speed is this attempt's."""
     elapsed = time.perf_counter() - first
+    new = count - len(req.resume)
     return Done(
         req.id,
         finish,
         prompt_tokens=prompt_tokens,
         completion_tokens=count,
         ttft=first - start,
-        decode_tps=(count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0,
+        decode_tps=(new - 1) / elapsed if new > 1 and elapsed > 0 else 0.0,
     )

@@ -6,6 +6,9 @@ Skipped where mlx-vlm is not installed (`scripts/setup.sh` installs it).
 from __future__ import annotations
 
 import io
+import json
+import math
+import queue
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +18,10 @@ pytest.importorskip("mlx_vlm")
 
 from PIL import Image
 
+from steward.front.structured import grammar as compile_schema
 from steward.worker.injection import Injector, parse
 from steward.worker.protocol import (
+    Cancel,
     Done,
     Generate,
     Rejected,
@@ -122,3 +127,69 @@ def test_fault_points(backend: VisionBackend, point: str, monkeypatch: pytest.Mo
     req = Generate(id=6, seq=1, attempt=1, max_tokens=3, messages=ASK)
     with pytest.raises(RuntimeError, match="GPU Timeout"):
         run(backend, req, images=[png()])
+
+
+def test_a_resumed_answer_continues_from_the_tokens_sent(backend: VisionBackend) -> None:
+    """SPEC §3: after a fault, a stream the client reads continues from exactly the tokens
+    it was sent (greedy: what the unfaulted answer had next), usage counted once."""
+    ask = {"seq": 7, "attempt": 1, "max_tokens": 8, "messages": ASK, "images": [png()]}
+    whole, sent = run(backend, Generate(id=7, **ask))
+    answer = tokens(sent)
+    assert isinstance(whole, Done) and len(answer) == whole.completion_tokens == 8
+    resumed, rest = run(backend, Generate(id=8, **ask, resume=answer[:3]))
+    assert tokens(rest) == answer[3:]
+    assert isinstance(resumed, Done) and resumed.completion_tokens == 8
+    ended, after = run(backend, Generate(id=9, **ask, resume=answer))  # after the last token
+    assert isinstance(ended, Done) and (ended.finish_reason, tokens(after)) == ("length", [])
+
+
+def test_the_agent_parameters_shape_a_vision_answer(backend: VisionBackend) -> None:
+    """A schema, a forced tool call, `logit_bias` and logprobs: what a text model's answer
+    takes (the processor, sampler and tool calls are the text backend's)."""
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    grammar = compile_schema(schema, "test")
+    ask = {"seq": 10, "attempt": 1, "messages": ASK, "images": [png()]}
+    done, sent = run(backend, Generate(id=10, max_tokens=16, grammar=grammar, logprobs=3, **ask))
+    assert isinstance(done, Done) and done.finish_reason == "stop"
+    assert json.loads(text(sent)) in ({"ok": True}, {"ok": False})
+    chosen = [t for step in sent for t in step.tokens if t.token >= 0]
+    for token in chosen:
+        tops = token.logprob.top
+        assert len(tops) == 3 and sum(math.exp(top.logprob) for top in tops) <= 1 + 1e-4
+        assert token.logprob.token in {top.token for top in tops}  # greedy: the best
+    _, plain = run(backend, Generate(id=11, max_tokens=4, **ask))
+    first = tokens(plain)[0]
+    _, banned = run(backend, Generate(id=12, max_tokens=4, logit_bias={first: -100.0}, **ask))
+    assert first not in tokens(banned)
+    called, sent = run(
+        backend,
+        Generate(id=13, max_tokens=16, grammar=grammar, calls="named", call_name="check", **ask),
+    )
+    calls = [call for step in sent for t in step.tokens for call in t.calls]
+    assert isinstance(called, Done) and called.finish_reason == "tool_calls"
+    assert calls[0].name == "check" and text(sent) == ""
+    assert json.loads("".join(call.arguments for call in calls)) in ({"ok": True}, {"ok": False})
+
+
+def text(sent: list[Step]) -> str:
+    return "".join(t.text for step in sent for t in step.tokens)
+
+
+def test_a_cancel_taken_from_the_inbox_is_spent(backend: VisionBackend) -> None:
+    """After a fault the supervisor cancels the request at the worker, then replays it with
+    the same id: the replay must run to its end, not stop at its first token."""
+    from steward.worker.main import _serve_alone
+
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    cancelled = {14}  # the reader thread saw the cancel as it came
+    for msg in (Cancel(14), Generate(id=14, seq=14, attempt=2, max_tokens=4, prompt="Hi"), None):
+        inbox.put(msg)
+    sent: list = []
+    _serve_alone(backend, inbox, cancelled, sent.append)
+    (done,) = [done for step in sent if isinstance(step, Step) for done in step.done]
+    assert (done.finish_reason, done.completion_tokens) == ("length", 4)

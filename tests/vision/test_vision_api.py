@@ -8,8 +8,11 @@ from __future__ import annotations
 import base64
 import io
 from pathlib import Path
+from typing import Any
 
+import openai
 import pytest
+from pydantic import BaseModel
 
 pytest.importorskip("mlx_vlm")
 
@@ -165,3 +168,54 @@ def test_remote_image_only_when_allowed(serve, tiny_vlm: Path, tmp_path: Path) -
         assert_envelope(missing, 400, "validation_error")
     finally:
         httpd.shutdown()
+
+
+def test_agent_parameters_and_a_resumed_stream(serve, tiny_vlm: Path) -> None:
+    """What a text model's answers take, a vision model's take too, through the official
+    client: a stream hit by a fault mid-answer resumes to the unfaulted answer, `parse()`
+    gets its object, a required tool call its schema's arguments, logprobs and `n` their
+    shapes."""
+    server = serve(
+        "--model", str(tiny_vlm), "--stall-timeout", "2", "--inject-fault", "decode:raise:nth=1"
+    )
+    server.wait()
+    client = server.client(max_retries=0)
+
+    def chat(**params: Any) -> Any:
+        return client.chat.completions.create(model="default", messages=ask(image_url()), **params)
+
+    def streamed() -> tuple[str, int]:
+        chunks = chat(
+            max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+        text, usage = "", 0
+        for chunk in chunks:
+            text += "".join(choice.delta.content or "" for choice in chunk.choices)
+            usage = chunk.usage.completion_tokens if chunk.usage else usage
+        return text, usage
+
+    faulted = streamed()  # the fault strikes at its second token
+    assert faulted == streamed() and faulted[1] == 8
+    assert server.health().json()["faults"]["total"] == 1
+
+    class Verdict(BaseModel):
+        ok: bool
+
+    parsed = client.chat.completions.parse(
+        model="default", messages=ask(image_url()), response_format=Verdict, max_tokens=16
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Verdict)
+    tools = [openai.pydantic_function_tool(Verdict, name="check")]  # strict: no other keys
+    called = chat(
+        tools=tools, tool_choice="required", parallel_tool_calls=False, max_tokens=40, n=2
+    )
+    assert len(called.choices) == 2
+    for choice in called.choices:
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "check"
+        Verdict.model_validate_json(call.function.arguments)
+    scored = chat(max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+    content = scored.choices[0].logprobs.content
+    assert len(content) == scored.usage.completion_tokens
+    assert all(len(entry.top_logprobs) == 2 for entry in content)
