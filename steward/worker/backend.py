@@ -113,9 +113,9 @@ class Backend(Shaping):
 def vocab_size(model: Any, tokenizer: Any) -> int:
     """The logits' width: the model's vocabulary (often padded past the tokenizer's)."""
     args = getattr(model, "args", None) or getattr(model, "config", None)  # mlx-lm, mlx-vlm
-    size = getattr(args, "vocab_size", None) or getattr(
-        getattr(args, "text_config", None), "vocab_size", None
-    )
+    text = getattr(args, "text_config", None)  # a vision model's language model, if any
+    size = text.get("vocab_size") if isinstance(text, dict) else getattr(text, "vocab_size", None)
+    size = size or getattr(args, "vocab_size", None)
     return size if isinstance(size, int) else len(tokenizer.get_vocab())
 
 

@@ -26,7 +26,7 @@ from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prom
 
 from steward.worker.answer import Answer, segments
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
-from steward.worker.grammar import Masked
+from steward.worker.grammar import RESIDENT, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
 from steward.worker.protocol import Done, Generate, Logprob, Rejected, Step, Token, prompt_text
@@ -212,6 +212,7 @@ class Engine:
         self.uids.clear()
         self.finished.clear()
         self.backend.batch_step.disarm()
+        RESIDENT.clear()
         with contextlib.suppress(Exception):  # a broken device may fail this too
             self.generator.close()
         self.generator = self._generator()

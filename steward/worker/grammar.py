@@ -76,9 +76,10 @@ class BatchStep:
     """A batch step's grammar masks, applied to the whole batch's logits at once.
 
     The engine arms it before each step with the tokens the step feeds and the rows under
-    a grammar. When the model call's logits come (`Masked`), it reads the tokens (drawn a
-    step earlier, so ready) and masks the logits as `launched` does: the grammars are fed
-    and the masks computed on the grammar thread while this one launches the call.
+    a grammar. When the model call's logits come (`Masked`), it reads the tokens (which
+    waits for the step before to end, when the CPU is the bottleneck long ended) and masks
+    the logits as `launched` does: the grammars are fed and the masks computed on the
+    grammar thread while this one launches the call.
     """
 
     def __init__(self, executor: llguidance.LLExecutor) -> None:
@@ -145,7 +146,7 @@ def launched(logits: mx.array, masks: Callable[[], Masks]) -> mx.array:
     launches the model call. `mx.async_eval` releases the GIL while it encodes the call's
     kernels, which is most of a decode step when the CPU is the bottleneck (a 1B model on
     the H200: 3.5-6.3 ms of a 5-10 ms step), so the grammars are fed and the masks
-    computed meanwhile; when the device is the bottleneck, they are computed while it
+    computed meanwhile; when the device is the bottleneck, the masks are computed while it
     runs the call. (Computed while the call was built, or after it, they cost 13% of a
     step at a batch of 32; this way, 3%: docs/benchmarks.md.)"""
     job = MASKER.submit(masks)
@@ -189,12 +190,12 @@ class Resident:
     def __init__(self, entries: int, largest: int) -> None:
         self.entries = entries
         self.largest = largest  # bytes: past this, hashing would cost what it saves
-        self.arrays: OrderedDict[tuple[bytes, tuple[int, ...]], mx.array] = OrderedDict()
+        self.arrays: OrderedDict[tuple[bytes, tuple[int, ...], str], mx.array] = OrderedDict()
 
     def get(self, host: np.ndarray) -> mx.array:
         if host.nbytes > self.largest:
             return mx.array(host)
-        key = host.tobytes(), host.shape
+        key = host.tobytes(), host.shape, host.dtype.str
         if (found := self.arrays.get(key)) is not None:
             self.arrays.move_to_end(key)
             return found
@@ -202,6 +203,10 @@ class Resident:
         if len(self.arrays) > self.entries:
             self.arrays.popitem(last=False)
         return array
+
+    def clear(self) -> None:
+        """After a fault: what the device holds is not to be trusted."""
+        self.arrays.clear()
 
 
 RESIDENT = Resident(entries=128, largest=32 << 10)

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -99,11 +100,11 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         )
     )
     inbox: queue.SimpleQueue[ToWorker | None] = queue.SimpleQueue()
-    cancelled: set[int] = set()
+    cancelled = Cancels() if vision else None  # the batch takes cancels between its steps
     threading.Thread(
         target=_read, args=(channel, inbox, cancelled), daemon=True, name="reader"
     ).start()
-    if vision:
+    if cancelled is not None:
         _serve_alone(backend, inbox, cancelled, send)
     else:
         from steward.worker.engine import Engine
@@ -149,16 +150,14 @@ def _serve_batched(
 def _serve_alone(
     backend: VisionBackend,
     inbox: queue.SimpleQueue[ToWorker | None],
-    cancelled: set[int],
+    cancelled: Cancels,
     send: Callable[[FromWorker], None],
 ) -> None:
-    """One request at a time, for backends that cannot batch. A cancel is seen by the
-    request it follows at once (the reader adds it to `cancelled`); taken from the inbox,
-    it is spent: every request before it has ended (after a fault, its replay comes next,
-    with the same id, and must not be cancelled)."""
+    """One request at a time, for backends that cannot batch. The request running sees a
+    cancel as soon as the reader has it (`Cancels`)."""
     while (req := inbox.get()) is not None:
         if isinstance(req, Cancel):
-            cancelled.discard(req.id)
+            cancelled.taken(req.id)
         if not isinstance(req, Generate):
             continue
         try:
@@ -166,7 +165,31 @@ def _serve_alone(
             send(Step(done=[result]) if isinstance(result, Done) else result)
         except Exception as exc:
             send(_failed([req.id], exc))
-        cancelled.discard(req.id)
+
+
+class Cancels:
+    """The cancels the reader has and the inbox still holds, by request id. A request is
+    cancelled while one for it is held: each cancel follows its request in the inbox, so
+    by the time the loop takes it, every request before it has ended. A replay reuses its
+    id, and the cancel of its faulted attempt comes before it: counted, not a set, that
+    cancel is spent before the replay starts, while one for the replay still counts."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # the reader adds, the loop takes
+        self.held: Counter[int] = Counter()
+
+    def received(self, req_id: int) -> None:
+        with self.lock:
+            self.held[req_id] += 1
+
+    def taken(self, req_id: int) -> None:
+        with self.lock:
+            self.held[req_id] -= 1
+            if self.held[req_id] <= 0:
+                del self.held[req_id]
+
+    def __contains__(self, req_id: int) -> bool:
+        return self.held.get(req_id, 0) > 0
 
 
 def _take(inbox: queue.SimpleQueue[ToWorker | None], wait: bool) -> list[ToWorker | None]:
@@ -244,15 +267,17 @@ def _file_limit_kept() -> Iterator[None]:
 
 
 def _read(
-    channel: BlockingChannel, inbox: queue.SimpleQueue[ToWorker | None], cancelled: set[int]
+    channel: BlockingChannel,
+    inbox: queue.SimpleQueue[ToWorker | None],
+    cancelled: Cancels | None,
 ) -> None:
     while True:
         try:
             msg = decode_to_worker(channel.recv())
         except EOFError:
             os._exit(0)  # the front is gone: nobody is left to serve
-        if isinstance(msg, Cancel):
-            cancelled.add(msg.id)  # what a backend busy with one request looks at
+        if isinstance(msg, Cancel) and cancelled is not None:
+            cancelled.received(msg.id)  # what a backend busy with one request looks at
         inbox.put(None if isinstance(msg, Shutdown) else msg)
 
 

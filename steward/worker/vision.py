@@ -17,6 +17,7 @@ generation. A resumed answer's tokens follow the prompt, as in the batch.
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ class VisionBackend(Shaping):
         self.injector = injector
         injector.hit("load")
         self.model, self.processor = load(str(model_dir))
-        super().__init__(self.model, load_tokenizer(model_dir))
+        eos = json.loads((model_dir / "config.json").read_text()).get("eos_token_id")
+        super().__init__(self.model, load_tokenizer(model_dir, eos_token_ids=eos))
         self.context_length = context_length(model_dir)
         self.max_token_chars = max_token_chars(getattr(self.processor, "tokenizer", self.processor))
 
@@ -164,7 +166,8 @@ class VisionBackend(Shaping):
         except ValueError as exc:
             return Rejected(req.id, "validation_error", str(exc))
         answer = Answer(req.stop, self.tool_calls(req))
-        answer.resume(segments(self.tokenizer.detokenizer, req.resume))
+        detokenizer = self.tokenizer.detokenizer
+        answer.resume(segments(detokenizer, req.resume))
         room = self.context_length - inputs.prompt_tokens
         emit(Step(prefilled=[req.id]))  # preprocessing done: a slow image is not a stall
         self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req), req.armed)
@@ -186,33 +189,41 @@ class VisionBackend(Shaping):
         )
         # mlx-vlm yields one result per generated token, then a final one (finish_reason
         # set) carrying only the detokenizer's flushed text: not a token.
-        return self.relay(req, outputs, answer, inputs.prompt_tokens, start, emit, cancelled)
+        return self.relay(
+            req, outputs, (answer, detokenizer), inputs.prompt_tokens, start, emit, cancelled
+        )
 
     def relay(
         self,
         req: Generate,
         outputs: Iterable[Any],
-        answer: Answer,
+        text: tuple[Answer, Any],
         prompt_tokens: int,
         start: float,
         emit: Emit,
         cancelled: Callable[[], bool],
     ) -> Done:
-        """mlx-vlm's responses to one `Step` per token and a `Done`: the answer's text, tool
+        """mlx-vlm's tokens to one `Step` each and a `Done`: the answer's text (from `text`'s
+        detokenizer, which has seen the resumed tokens: mlx-vlm's own starts afresh), tool
         calls and log-probabilities, the decode fault point, cancellation and timings (one
         request at a time: mlx-vlm does not batch every model, so vision requests run
         alone)."""
-        text = prompt_text(req)
+        answer, detokenizer = text
+        marked = prompt_text(req)
         first, count, finish = start, len(req.resume), None
         for step, out in enumerate(outputs):
             real = out.finish_reason is None
             if step == 0:
                 first = time.perf_counter()
-            elif real:
-                self.injector.hit("decode", req.seq, req.attempt, text, req.armed)
+            if real and count:  # not the answer's first token
+                self.injector.hit("decode", req.seq, req.attempt, marked, req.armed)
             count += real
+            if real:
+                detokenizer.add_token(int(out.token))
+            else:
+                detokenizer.finalize()
             ended = None if real else ("stop" if out.finish_reason == "stop" else "length")
-            piece, calls, finish = answer.feed(out.text, ended)
+            piece, calls, finish = answer.feed(detokenizer.last_segment, ended)
             logprob = None
             if real and req.logprobs >= 0:
                 (logprob,) = self.logprobs.rows([(int(out.token), req.logprobs, out.logprobs)])

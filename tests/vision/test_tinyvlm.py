@@ -19,6 +19,7 @@ pytest.importorskip("mlx_vlm")
 from PIL import Image
 
 from steward.front.structured import grammar as compile_schema
+from steward.worker.answer import segments
 from steward.worker.injection import Injector, parse
 from steward.worker.protocol import (
     Cancel,
@@ -138,6 +139,8 @@ def test_a_resumed_answer_continues_from_the_tokens_sent(backend: VisionBackend)
     assert isinstance(whole, Done) and len(answer) == whole.completion_tokens == 8
     resumed, rest = run(backend, Generate(id=8, **ask, resume=answer[:3]))
     assert tokens(rest) == answer[3:]
+    before = "".join(segments(backend.tokenizer.detokenizer, answer[:3]))  # the client has it
+    assert text(sent) == before + text(rest)
     assert isinstance(resumed, Done) and resumed.completion_tokens == 8
     ended, after = run(backend, Generate(id=9, **ask, resume=answer))  # after the last token
     assert isinstance(ended, Done) and (ended.finish_reason, tokens(after)) == ("length", [])
@@ -162,6 +165,9 @@ def test_the_agent_parameters_shape_a_vision_answer(backend: VisionBackend) -> N
         tops = token.logprob.top
         assert len(tops) == 3 and sum(math.exp(top.logprob) for top in tops) <= 1 + 1e-4
         assert token.logprob.token in {top.token for top in tops}  # greedy: the best
+    resumed = Generate(id=14, max_tokens=16, grammar=grammar, resume=tokens(sent)[:2], **ask)
+    again, after = run(backend, resumed)  # the grammar follows the tokens the client has
+    assert tokens(after) == tokens(sent)[2:] and again.finish_reason == "stop"
     _, plain = run(backend, Generate(id=11, max_tokens=4, **ask))
     first = tokens(plain)[0]
     _, banned = run(backend, Generate(id=12, max_tokens=4, logit_bias={first: -100.0}, **ask))
@@ -182,14 +188,23 @@ def text(sent: list[Step]) -> str:
 
 def test_a_cancel_taken_from_the_inbox_is_spent(backend: VisionBackend) -> None:
     """After a fault the supervisor cancels the request at the worker, then replays it with
-    the same id: the replay must run to its end, not stop at its first token."""
-    from steward.worker.main import _serve_alone
+    the same id: the replay runs to its end, unless a second cancel (the client's, for the
+    replay) came, even before the first was taken."""
+    from steward.worker.main import Cancels, _serve_alone
 
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    cancelled = {14}  # the reader thread saw the cancel as it came
-    for msg in (Cancel(14), Generate(id=14, seq=14, attempt=2, max_tokens=4, prompt="Hi"), None):
-        inbox.put(msg)
-    sent: list = []
-    _serve_alone(backend, inbox, cancelled, sent.append)
-    (done,) = [done for step in sent if isinstance(step, Step) for done in step.done]
-    assert (done.finish_reason, done.completion_tokens) == ("length", 4)
+    def replay(cancels: int) -> Done:
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        cancelled = Cancels()
+        for _ in range(cancels):  # the reader has them all already
+            cancelled.received(14)
+        replayed = Generate(id=14, seq=14, attempt=2, max_tokens=4, prompt="Hi")
+        for msg in (Cancel(14), replayed, *[Cancel(14)] * (cancels - 1), None):
+            inbox.put(msg)
+        sent: list = []
+        _serve_alone(backend, inbox, cancelled, sent.append)
+        assert 14 not in cancelled  # every cancel spent
+        (done,) = [done for step in sent if isinstance(step, Step) for done in step.done]
+        return done
+
+    assert (replay(1).finish_reason, replay(1).completion_tokens) == ("length", 4)
+    assert (replay(2).finish_reason, replay(2).completion_tokens) == ("cancelled", 1)

@@ -76,6 +76,6 @@ def test_a_mask_seen_again_is_not_uploaded_again() -> None:
     assert resident.get(mask) is first
     resident.get(mask + 1)  # a fourth: the least recently used (`other`) leaves
     assert len(resident.arrays) == 3 and resident.get(mask) is first
-    assert (other.tobytes(), other.shape) not in resident.arrays
+    assert (other.tobytes(), other.shape, other.dtype.str) not in resident.arrays
     large = np.zeros(512, np.uint32)
     assert resident.get(large) is not resident.get(large)  # hashing would cost what it saves
