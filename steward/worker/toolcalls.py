@@ -7,7 +7,7 @@
 - `named`: the whole answer is the arguments of one function (its schema enforced by the
   grammar), streamed as they come.
 - `list`: the whole answer is a JSON list of `{"name", "arguments"}` (enforced by the
-  grammar), parsed when complete.
+  grammar), each call streamed as it comes (`Listed`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class ToolCalls:
         self.pending = ""
         self.inside = False  # between the start and end markers
         self.count = 0  # calls begun
+        self.listed = Listed()
 
     @property
     def made(self) -> bool:
@@ -50,7 +51,7 @@ class ToolCalls:
             return "", self._named(text)
         self.pending += text
         if self.mode == "list":
-            return "", []
+            return "", self._begun(self.listed.feed(text))
         content, calls = "", []
         while self.pending:
             if self.inside:
@@ -76,8 +77,8 @@ class ToolCalls:
     def finish(self) -> Split:
         """The answer ended: what is still held (a call whose format has no end marker)."""
         rest, self.pending = self.pending, ""
-        if self.mode == "list":
-            return self._listed(rest)
+        if self.mode == "list":  # a list cut short that began no call: its text, as content
+            return ("", []) if self.made else (rest, [])
         if self.inside:
             self.inside = False
             return self._parsed(rest, "")
@@ -98,18 +99,15 @@ class ToolCalls:
             parsed = None
         return self._split(_calls(parsed), self.start + body + end)
 
-    def _listed(self, text: str) -> Split:
-        try:
-            found = _calls(json.loads(text))
-        except ValueError:
-            found = []
-        return self._split(found, text)  # cut short (max_tokens): the text as it is
-
     def _split(self, found: list[tuple[str, Any]], text: str) -> Split:
         """The calls found, or, if none, `text` as content: nothing the model wrote is lost."""
         if not found:
             return text, []
         return "", [self._call(name, args) for name, args in found]
+
+    def _begun(self, deltas: list[CallDelta]) -> list[CallDelta]:
+        self.count += sum(delta.name is not None for delta in deltas)
+        return deltas
 
     def _call(self, name: str, arguments: Any) -> CallDelta:
         if not isinstance(arguments, str):
@@ -129,3 +127,92 @@ def _calls(parsed: Any) -> list[tuple[str, Any]]:
             return []
         found.append((item["name"], item.get("arguments", {})))
     return found
+
+
+class Listed:
+    """The calls of a `list` answer, `[{"name": ..., "arguments": ...}, ...]`, as they come:
+    a call's first delta once its name's string closes, then its arguments' text as it
+    arrives (held until the name is known, should they come first). The grammar vouches
+    for the JSON, so this scanner follows only strings and nesting: depth 1 is the list,
+    2 a call, more the arguments' inside."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.string = False  # inside a string
+        self.escaped = False
+        self.role = ""  # what the characters read now are: "key", "name", "arguments", ""
+        self.text = ""  # the key's or the name's text so far
+        self.key = ""  # the call's key whose value comes next ("" before a key)
+        self.index = -1  # the call being read
+        self.name: str | None = None
+        self.held = ""  # its arguments' text not yet sent
+
+    def feed(self, text: str) -> list[CallDelta]:
+        deltas: list[CallDelta] = []
+        for char in text:
+            if self.role == "arguments" and self._argument(char):
+                continue
+            self._structure(char, deltas)
+        self._flush(deltas)
+        return deltas
+
+    def _flush(self, deltas: list[CallDelta]) -> None:
+        if self.name is not None and self.held:
+            deltas.append(CallDelta(self.index, None, self.held))
+            self.held = ""
+
+    def _argument(self, char: str) -> bool:
+        """One character of the arguments' value; False: the value had ended before it."""
+        if self.string:
+            self.escaped, self.string = (
+                char == "\\" and not self.escaped,
+                self.escaped or char != '"',
+            )
+        elif char == '"':
+            self.string = True
+        elif char in "{[":
+            self.depth += 1
+        elif char in "}]" and self.depth > 2:
+            self.depth -= 1
+            if self.depth == 2:  # the value is whole
+                self.role = self.key = ""
+        elif self.depth == 2 and (char in ",}" or char.isspace()):
+            self.role = self.key = ""  # after a bare value: the call's own
+            return char.isspace()
+        self.held += char
+        return True
+
+    def _structure(self, char: str, deltas: list[CallDelta]) -> None:
+        """A character outside the arguments: the list, a call, its keys and name."""
+        if self.string:
+            if self.escaped or char != '"':
+                self.escaped = char == "\\" and not self.escaped
+                self.text += char
+                return
+            self.string = False
+            try:
+                read = json.loads(f'"{self.text}"')
+            except ValueError:  # not JSON after all (the grammar says it is): as it stands
+                read = self.text
+            if self.role == "name":
+                self.name = read
+                deltas.append(CallDelta(self.index, read, self.held))
+                self.held = ""
+            self.key = read if self.role == "key" else ""
+            self.role = ""
+        elif char == '"':
+            self.string, self.text = True, ""
+            self.role = "name" if self.key == "name" else "value" if self.key else "key"
+        elif self.depth == 2 and self.key == "arguments" and not char.isspace() and char != ":":
+            self.role = "arguments"
+            self._argument(char)
+        elif char in "{[":
+            self.depth += 1
+            if self.depth == 2:
+                self.index, self.name, self.key = self.index + 1, None, ""
+        elif char in "}]":
+            self.depth -= 1
+            if self.depth == 1:  # the call is whole
+                self._flush(deltas)
+        elif char == ",":
+            self.key = ""

@@ -256,3 +256,41 @@ def test_a_constrained_stream_with_logprobs_resumes_across_a_crash(serve, tiny_m
     assert faulted == streamed()
     assert "".join(faulted[1]).lstrip() == faulted[0]
     json.loads(faulted[0])
+
+
+def test_a_required_call_streams_its_arguments_in_pieces_across_a_crash(serve, tiny_model) -> None:
+    """A forced call streams its arguments as they come; the fault strikes at its second
+    token (nothing sent yet: replayed), and the deltas join to the unfaulted answer's call.
+    (A fault inside the arguments, resumed: `test_engine`.)"""
+    server = serve(
+        "--model", str(tiny_model), "--stall-timeout", "2", "--inject-fault", "decode:crash:nth=1"
+    )
+    server.wait()
+    client = server.client()
+    weather = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    }
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": weather}}]
+
+    def streamed() -> tuple[list[tuple[str, str]], int, str | None]:
+        calls: dict[int, list[str]] = {}
+        deltas, finish = 0, None
+        for chunk in chat(client, tools=tools, tool_choice="required", max_tokens=60, stream=True):
+            for choice in chunk.choices:
+                for delta in choice.delta.tool_calls or []:
+                    call = calls.setdefault(delta.index, ["", ""])
+                    call[0] += delta.function.name or ""
+                    call[1] += delta.function.arguments or ""
+                    deltas += 1
+                finish = choice.finish_reason or finish
+        return [(name, arguments) for name, arguments in calls.values()], deltas, finish
+
+    faulted, deltas, finish = streamed()
+    assert server.health().json()["faults"]["total"] == 1
+    assert (faulted, finish) == streamed()[::2]
+    assert finish == "tool_calls" and deltas > len(faulted)  # arguments in pieces
+    for name, arguments in faulted:
+        assert name == "get_weather" and set(json.loads(arguments)) == {"city", "unit"}

@@ -12,6 +12,7 @@ import pytest
 
 from steward.front.structured import grammar as compile_schema
 from steward.worker.protocol import Generate
+from steward.worker.toolcalls import ToolCalls
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +131,45 @@ def test_a_constrained_batch_answers_as_alone_its_grammars_fed_on_their_thread(
     tokenizer = engine.backend.grammars.tokenizer
     for answer in alone:
         assert llguidance.LLMatcher(tokenizer, grammar).consume_tokens(answer)
+
+
+def test_a_forced_call_resumed_inside_its_arguments_joins_up(engine) -> None:
+    """A `required` call's answer cut inside its arguments (a fault after those tokens were
+    sent) and resumed: the deltas sent before and after join to the unfaulted call."""
+    from steward.front.structured import _call_schema
+
+    city = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    calls = {"type": "array", "minItems": 1, "maxItems": 1, "items": _call_schema("f", city)}
+    ask = {"seq": 1, "attempt": 1, "max_tokens": 40, "prompt": "q", "calls": "list"}
+    ask["grammar"] = compile_schema(calls, "test")
+
+    def deltas(req: Generate) -> tuple[list[int], list, str]:
+        engine.add(req)
+        ids, found, finish = [], [], ""
+        while engine.busy:
+            step = engine.step()
+            for token in step.tokens:
+                ids += [token.token] if token.token >= 0 else []
+                found += token.calls
+            finish = next((done.finish_reason for done in step.done), finish)
+        return ids, found, finish
+
+    whole, sent, finish = deltas(Generate(id=60, **ask))
+    assert finish == "tool_calls"
+    joined = "".join(d.arguments for d in sent)
+    cut = next(i for i in range(len(whole)) if "city" in decoded(engine, whole[:i]))
+    before = ToolCalls("list")  # what the client was sent before the fault
+    _, early = before.feed(decoded(engine, whole[:cut]))
+    _, late, finish = deltas(Generate(id=61, resume=whole[:cut], **ask))
+    assert finish == "tool_calls" and [d.name for d in early + late if d.name] == ["f"]
+    assert "".join(d.arguments for d in early + late) == joined
+    assert "city" in "".join(d.arguments for d in early)  # cut inside the arguments
+
+
+def decoded(engine, ids: list[int]) -> str:
+    return engine.backend.tokenizer.decode(ids)
