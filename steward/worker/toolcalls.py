@@ -200,12 +200,12 @@ class Listed:
                 self.held = ""
             self.key = read if self.role == "key" else ""
             self.role = ""
-        elif char == '"':
-            self.string, self.text = True, ""
-            self.role = "name" if self.key == "name" else "value" if self.key else "key"
         elif self.depth == 2 and self.key == "arguments" and not char.isspace() and char != ":":
             self.role = "arguments"
             self._argument(char)
+        elif char == '"':
+            self.string, self.text = True, ""
+            self.role = "name" if self.key == "name" else "value" if self.key else "key"
         elif char in "{[":
             self.depth += 1
             if self.depth == 2:

@@ -8,6 +8,8 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steward.worker.toolcalls import ToolCalls
 
@@ -70,3 +72,35 @@ def test_a_list_cut_before_any_call_stays_content() -> None:
     calls = ToolCalls("list")
     assert calls.feed('[{"na') == ("", [])
     assert calls.finish() == ('[{"na', []) and not calls.made
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    calls=st.lists(st.tuples(st.text(min_size=1), JSON, st.booleans()), min_size=1, max_size=3),
+    spaced=st.booleans(),
+    ascii_only=st.booleans(),
+    cuts=st.lists(st.integers(min_value=1), max_size=12),
+)
+def test_any_list_of_calls_in_any_pieces(calls, spaced, ascii_only, cuts) -> None:
+    """Arguments of any JSON type, keys in either order, escapes, any split: each call's
+    deltas join to its name and its arguments' own text."""
+    comma, colon = (", ", ": ") if spaced else (",", ":")
+    raw = [
+        json.dumps(args, separators=(comma, colon), ensure_ascii=ascii_only) for _, args, _ in calls
+    ]
+    items = []
+    for (name, _, first), arguments in zip(calls, raw, strict=True):
+        fields = [f'"name"{colon}{json.dumps(name)}', f'"arguments"{colon}{arguments}']
+        items.append("{" + comma.join(fields if first else fields[::-1]) + "}")
+    text = "[" + comma.join(items) + "]"
+    found, _ = reassembled(ToolCalls("list"), text, sorted({c % len(text) or 1 for c in cuts}))
+    assert found == [
+        {"name": name, "arguments": a} for (name, _, _), a in zip(calls, raw, strict=True)
+    ]
