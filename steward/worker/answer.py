@@ -14,7 +14,8 @@ from steward.worker.toolcalls import ToolCalls
 
 class Answer:
     def __init__(self, stops: list[str], calls: ToolCalls | None) -> None:
-        self.stops = StopMatcher(stops)
+        forced = calls is not None and calls.mode != "auto"  # its JSON is no text to cut
+        self.stops = StopMatcher([] if forced else stops)
         self.calls = calls
 
     def resume(self, segments: Iterable[str]) -> None:

@@ -49,9 +49,11 @@ class ToolCalls:
     def feed(self, text: str) -> Split:
         if self.mode == "named":
             return "", self._named(text)
+        if self.mode == "list":  # the text is kept only while it may end as content
+            deltas = self._begun(self.listed.feed(text))
+            self.pending = "" if self.made else self.pending + text
+            return "", deltas
         self.pending += text
-        if self.mode == "list":
-            return "", self._begun(self.listed.feed(text))
         content, calls = "", []
         while self.pending:
             if self.inside:
@@ -138,6 +140,8 @@ class Listed:
 
     def __init__(self) -> None:
         self.depth = 0
+        self.list = False  # the answer is a list (the grammar's), not some other value
+        self.call = False  # inside a call's object, where its keys and name are
         self.string = False  # inside a string
         self.escaped = False
         self.role = ""  # what the characters read now are: "key", "name", "arguments", ""
@@ -205,14 +209,20 @@ class Listed:
             self._argument(char)
         elif char == '"':
             self.string, self.text = True, ""
-            self.role = "name" if self.key == "name" else "value" if self.key else "key"
+            self.role = "value"  # a string outside a call's own keys and name
+            if self.depth == 2 and self.call:
+                self.role = "name" if self.key == "name" else "value" if self.key else "key"
         elif char in "{[":
             self.depth += 1
-            if self.depth == 2:
-                self.index, self.name, self.key = self.index + 1, None, ""
+            if self.depth == 1:
+                self.list = char == "["
+            elif self.depth == 2 and self.list and char == "{":  # a call: none of the last
+                self.index, self.name, self.key, self.held = self.index + 1, None, "", ""
+                self.call = True
         elif char in "}]":
             self.depth -= 1
-            if self.depth == 1:  # the call is whole
+            if self.depth == 1 and self.call:  # the call is whole
                 self._flush(deltas)
+                self.call = False
         elif char == ",":
             self.key = ""

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from steward.worker.answer import Answer
 from steward.worker.toolcalls import ToolCalls
 
 CALLS = [
@@ -72,6 +73,34 @@ def test_a_list_cut_before_any_call_stays_content() -> None:
     calls = ToolCalls("list")
     assert calls.feed('[{"na') == ("", [])
     assert calls.finish() == ('[{"na', []) and not calls.made
+
+
+def test_only_a_call_s_own_keys_name_it() -> None:
+    """A "name" or "arguments" key deeper than a call's own, an answer that is no list, and
+    a call without a name (none the grammar lets through): no call, nothing of one leaks."""
+    text = '[{"x": {"name": "no", "arguments": 1}, "name": "f", "arguments": {"name": "g"}}]'
+    assert reassembled(ToolCalls("list"), text, [9, 17])[0] == [
+        {"name": "f", "arguments": '{"name": "g"}'}
+    ]
+    calls = ToolCalls("list")
+    assert calls.feed('{"name": "f", "arguments": {}}') == ("", []) and not calls.made
+    nameless = '[{"arguments": {"a": 1}}, {"name": "g", "arguments": {"b": 2}}]'
+    assert reassembled(ToolCalls("list"), nameless, [])[0] == [
+        {"name": "g", "arguments": '{"b": 2}'}
+    ]
+
+
+@pytest.mark.parametrize("mode", ["list", "named"])
+def test_stop_strings_do_not_cut_a_forced_call(mode: str) -> None:
+    """A forced call's JSON is no text to cut: a stop string inside it would leave
+    arguments that break the schema under `finish_reason: tool_calls`."""
+    text = '[{"name": "f", "arguments": {"a": "STOP"}}]' if mode == "list" else '{"a": "STOP"}'
+    answer = Answer(["STOP"], ToolCalls(mode, "f"))
+    _, calls, finish = answer.feed(text, "stop")
+    assert finish == "tool_calls"
+    assert json.loads("".join(c.arguments for c in calls)) == {"a": "STOP"}
+    auto = Answer(["STOP"], None)
+    assert auto.feed("a STOP b", None) == ("a ", [], "stop")
 
 
 JSON = st.recursive(
