@@ -165,6 +165,8 @@ class VisionBackend(Shaping):
             processor = self.logits_processor(req)
         except ValueError as exc:
             return Rejected(req.id, "validation_error", str(exc))
+        if cancelled():  # the client left while it waited its turn: no prefill for no one
+            return done(req, "cancelled", inputs.prompt_tokens, len(req.resume), start, start)
         answer = Answer(req.stop, self.tool_calls(req))
         detokenizer = self.tokenizer.detokenizer
         answer.resume(segments(detokenizer, req.resume))
