@@ -99,12 +99,8 @@ class ToolCalls:
             parsed = self.parser(body, self.tools) if self.parser else None
         except (ValueError, KeyError, TypeError, SyntaxError):
             parsed = None
-        return self._split(_calls(parsed), self.start + body + end)
-
-    def _split(self, found: list[tuple[str, Any]], text: str) -> Split:
-        """The calls found, or, if none, `text` as content: nothing the model wrote is lost."""
-        if not found:
-            return text, []
+        if not (found := _calls(parsed)):  # as content: nothing the model wrote is lost
+            return self.start + body + end, []
         return "", [self._call(name, args) for name, args in found]
 
     def _begun(self, deltas: list[CallDelta]) -> list[CallDelta]:
@@ -165,13 +161,16 @@ class Listed:
             deltas.append(CallDelta(self.index, None, self.held))
             self.held = ""
 
+    def _in_string(self, char: str) -> bool:
+        """One character inside a string; False: it was the closing quote."""
+        self.string = self.escaped or char != '"'
+        self.escaped = char == "\\" and not self.escaped
+        return self.string
+
     def _argument(self, char: str) -> bool:
         """One character of the arguments' value; False: the value had ended before it."""
         if self.string:
-            self.escaped, self.string = (
-                char == "\\" and not self.escaped,
-                self.escaped or char != '"',
-            )
+            self._in_string(char)
         elif char == '"':
             self.string = True
         elif char in "{[":
@@ -189,11 +188,9 @@ class Listed:
     def _structure(self, char: str, deltas: list[CallDelta]) -> None:
         """A character outside the arguments: the list, a call, its keys and name."""
         if self.string:
-            if self.escaped or char != '"':
-                self.escaped = char == "\\" and not self.escaped
+            if self._in_string(char):
                 self.text += char
                 return
-            self.string = False
             try:
                 read = json.loads(f'"{self.text}"')
             except ValueError:  # not JSON after all (the grammar says it is): as it stands

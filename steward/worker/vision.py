@@ -17,7 +17,6 @@ generation. A resumed answer's tokens follow the prompt, as in the batch.
 from __future__ import annotations
 
 import io
-import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.utils import load_tokenizer
+from mlx_lm.utils import load_config, load_tokenizer
 from mlx_vlm import apply_chat_template, load, stream_generate
 from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 from PIL import Image, UnidentifiedImageError
@@ -95,10 +94,10 @@ class VisionBackend(Shaping):
         self.injector = injector
         injector.hit("load")
         self.model, self.processor = load(str(model_dir))
-        eos = json.loads((model_dir / "config.json").read_text()).get("eos_token_id")
+        eos = load_config(model_dir).get("eos_token_id")  # as mlx-lm's own `load` finds it
         super().__init__(self.model, load_tokenizer(model_dir, eos_token_ids=eos))
         self.context_length = context_length(model_dir)
-        self.max_token_chars = max_token_chars(getattr(self.processor, "tokenizer", self.processor))
+        self.max_token_chars = max_token_chars(self.tokenizer)
 
     def prompt(self, req: Generate, n_images: int) -> str:
         """The chat template applied by mlx-vlm (it knows each family's message format)."""
@@ -167,9 +166,6 @@ class VisionBackend(Shaping):
             return Rejected(req.id, "validation_error", str(exc))
         if cancelled():  # the client left while it waited its turn: no prefill for no one
             return done(req, "cancelled", inputs.prompt_tokens, len(req.resume), start, start)
-        answer = Answer(req.stop, self.tool_calls(req))
-        detokenizer = self.tokenizer.detokenizer
-        answer.resume(segments(detokenizer, req.resume))
         room = self.context_length - inputs.prompt_tokens
         emit(Step(prefilled=[req.id]))  # preprocessing done: a slow image is not a stall
         self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req), req.armed)
@@ -191,26 +187,25 @@ class VisionBackend(Shaping):
         )
         # mlx-vlm yields one result per generated token, then a final one (finish_reason
         # set) carrying only the detokenizer's flushed text: not a token.
-        return self.relay(
-            req, outputs, (answer, detokenizer), inputs.prompt_tokens, start, emit, cancelled
-        )
+        return self.relay(req, outputs, inputs.prompt_tokens, start, emit, cancelled)
 
     def relay(
         self,
         req: Generate,
         outputs: Iterable[Any],
-        text: tuple[Answer, Any],
         prompt_tokens: int,
         start: float,
         emit: Emit,
         cancelled: Callable[[], bool],
     ) -> Done:
-        """mlx-vlm's tokens to one `Step` each and a `Done`: the answer's text (from `text`'s
+        """mlx-vlm's tokens to one `Step` each and a `Done`: the answer's text (from our
         detokenizer, which has seen the resumed tokens: mlx-vlm's own starts afresh), tool
         calls and log-probabilities, the decode fault point, cancellation and timings (one
         request at a time: mlx-vlm does not batch every model, so vision requests run
         alone)."""
-        answer, detokenizer = text
+        answer = Answer(req.stop, self.tool_calls(req))
+        detokenizer = self.tokenizer.detokenizer
+        answer.resume(segments(detokenizer, req.resume))
         marked = prompt_text(req)
         first, count, finish = start, len(req.resume), None
         for step, out in enumerate(outputs):
