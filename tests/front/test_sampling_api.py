@@ -294,3 +294,65 @@ def test_a_required_call_streams_its_arguments_in_pieces_across_a_crash(serve, t
     assert finish == "tool_calls" and deltas > len(faulted)  # arguments in pieces
     for name, arguments in faulted:
         assert name == "get_weather" and set(json.loads(arguments)) == {"city", "unit"}
+
+
+def test_eight_streams_together_resume_across_a_crash_as_each_alone(serve, tiny_model) -> None:
+    """Every agent parameter at once, eight streams in one batch, and the worker crashes
+    mid-batch (the ninth request's second token): each stream resumes to exactly what it
+    got alone, logprobs, schema-bound text and tool-call deltas included."""
+    server = serve(
+        "--model", str(tiny_model), "--stall-timeout", "2", "--inject-fault", "decode:crash:nth=9"
+    )
+    server.wait()
+    client = server.client(max_retries=0)
+    city = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tools = [
+        {"type": "function", "function": {"name": name, "parameters": city}}
+        for name in ("get_weather", "get_time")
+    ]
+    asks = [
+        {"logprobs": True, "top_logprobs": 3},
+        {"response_format": JSON_SCHEMA, "max_tokens": 40},
+        {"extra_body": {"frequency_penalty": 1.5}, "logit_bias": {"2": -100}},
+        {"tools": tools, "tool_choice": "required", "max_tokens": 40},
+        {"temperature": 1.0, "seed": 5, "extra_body": {"top_k": 20, "min_p": 0.05}},
+        {"response_format": JSON_SCHEMA, "max_tokens": 40, "logprobs": True},
+        {"n": 2, "extra_body": {"presence_penalty": 1.0, "repetition_penalty": 1.5}},
+        {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+    ]
+    asks[7]["max_tokens"] = 40
+
+    def streamed(ask: dict) -> dict[int, tuple]:
+        """Each choice as its deltas join: content, logprob tokens, calls, finish reason."""
+        choices: dict[int, list] = {}
+        for chunk in chat(client, stream=True, **ask):
+            for choice in chunk.choices:
+                text, entries, calls, finish = choices.setdefault(choice.index, ["", [], {}, None])
+                text += choice.delta.content or ""
+                entries += [e.token for e in (choice.logprobs.content if choice.logprobs else [])]
+                for delta in choice.delta.tool_calls or []:
+                    call = calls.setdefault(delta.index, ["", ""])
+                    call[0] += delta.function.name or ""
+                    call[1] += delta.function.arguments or ""
+                finish = choice.finish_reason or finish
+                choices[choice.index] = [text, entries, calls, finish]
+        return {
+            index: (text, entries, [tuple(call) for call in calls.values()], finish)
+            for index, (text, entries, calls, finish) in choices.items()
+        }
+
+    alone = [streamed(ask) for ask in asks]  # requests 1-8
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(streamed, asks))  # 9-16: the crash strikes among them
+    assert server.health().json()["faults"]["total"] == 1
+    assert together == alone
+    assert len(alone[6]) == 2 and alone[0][0][1] and alone[5][0][1]
+    for i in (3, 7):
+        _, _, calls, finish = alone[i][0]
+        assert finish == "tool_calls" and calls[0][0] in ("get_weather", "get_time")
+        assert set(json.loads(calls[0][1])) == {"city"}
