@@ -26,10 +26,10 @@ def main() -> None:
     from mlx_lm import stream_generate
 
     from bench.overhead import bench_model
+    from steward.wire.protocol import Generate, encode
     from steward.worker.backend import Backend
     from steward.worker.engine import Engine
     from steward.worker.injection import Injector
-    from steward.worker.protocol import Generate, encode
 
     model_dir = bench_model(args.model)
     backend = Backend(model_dir, Injector([], 1))

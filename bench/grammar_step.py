@@ -29,10 +29,10 @@ def main() -> None:
     from bench.constrained import schema
     from bench.overhead import bench_model
     from steward.front import structured
+    from steward.wire.protocol import Generate
     from steward.worker.backend import Backend
     from steward.worker.engine import Engine
     from steward.worker.injection import Injector
-    from steward.worker.protocol import Generate
 
     compiled = structured.grammar(schema(args.tokens), "bench")
     engine = Engine(Backend(bench_model(args.model), Injector([], 1)), args.members, 0)

@@ -166,7 +166,7 @@ def serve(args: argparse.Namespace) -> int:
     from steward.front.server import serve as run
     from steward.model.resolve import ModelError, resolve_model
     from steward.ops import logs
-    from steward.worker.injection import parse_all
+    from steward.wire.faultspec import parse_all
 
     config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
     logs.setup(config.log_json, config.log_level)

@@ -17,7 +17,7 @@ from steward.front.images import ImageLimits, load_images
 from steward.front.respond import Answer, Waiter, respond
 from steward.front.schemas import ChatRequest, CompletionRequest, Sampling
 from steward.front.structured import constraint
-from steward.worker.protocol import Generate, encode
+from steward.wire.protocol import Generate, encode
 
 
 def require_key(request: Request) -> None:

@@ -23,7 +23,7 @@ from steward.errors import ApiError
 from steward.ops.metrics import Metrics
 from steward.supervisor.jobs import Event, Job
 from steward.supervisor.supervisor import Supervisor
-from steward.worker.protocol import CallDelta, Done, Logprob, Token, TopLogprob
+from steward.wire.protocol import CallDelta, Done, Logprob, Token, TopLogprob
 
 
 class Waiter:

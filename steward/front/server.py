@@ -26,7 +26,7 @@ from steward.ops.metrics import Metrics
 from steward.ops.notify import Notifier
 from steward.supervisor.exits import EX_CONFIG
 from steward.supervisor.supervisor import Supervisor
-from steward.worker.injection import FaultSpec
+from steward.wire.faultspec import FaultSpec
 
 log = logging.getLogger("steward")
 

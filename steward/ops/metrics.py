@@ -24,7 +24,7 @@ from steward.supervisor.state import State
 
 if TYPE_CHECKING:
     from steward.supervisor.faults import Fault
-    from steward.worker.protocol import Done
+    from steward.wire.protocol import Done
 
 RECOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

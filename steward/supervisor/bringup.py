@@ -17,8 +17,8 @@ from steward.supervisor import canary
 from steward.supervisor.exits import EX_CONFIG, EX_TEMPFAIL, Exit
 from steward.supervisor.faults import DEVICE_FAULTS, Fault, FaultClass, Outcome, classify
 from steward.supervisor.link import FaultError, WorkerLink
-from steward.worker.main import WorkerSettings
-from steward.worker.protocol import Load, LoadFailed, Ready
+from steward.wire.protocol import Load, LoadFailed, Ready
+from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.supervisor")
 

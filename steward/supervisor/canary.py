@@ -12,7 +12,7 @@ import itertools
 
 from steward.supervisor.faults import FaultClass
 from steward.supervisor.link import FaultError, WorkerLink
-from steward.worker.protocol import Done, Generate, Rejected, Token
+from steward.wire.protocol import Done, Generate, Rejected, Token
 
 PROMPT = "The capital of France is"
 MAX_TOKENS = 8

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from steward.supervisor.faults import Fault
     from steward.supervisor.state import State
-    from steward.worker.protocol import Done
+    from steward.wire.protocol import Done
 
 log = logging.getLogger("steward.events")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from steward.errors import ApiError
-from steward.worker.protocol import CallDelta, Done, Generate, Logprob, Token
+from steward.wire.protocol import CallDelta, Done, Generate, Logprob, Token
 
 Event = Token | Done | ApiError
 

@@ -18,9 +18,8 @@ import time
 from collections.abc import Callable
 
 from steward.supervisor.faults import Fault, FaultClass, classify, describe_exit
-from steward.worker.main import WorkerSettings
-from steward.worker.process import WorkerProcess
-from steward.worker.protocol import (
+from steward.wire.process import WorkerProcess
+from steward.wire.protocol import (
     Done,
     Failed,
     Generate,
@@ -33,6 +32,7 @@ from steward.worker.protocol import (
     ToWorker,
     Warm,
 )
+from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.link")
 

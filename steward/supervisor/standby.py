@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from steward.supervisor.faults import Fault
 from steward.supervisor.link import FaultError, WorkerLink
-from steward.worker.protocol import LoadFailed, Ready, Warm
+from steward.wire.protocol import LoadFailed, Ready, Warm
 
 log = logging.getLogger("steward.standby")
 

@@ -41,8 +41,8 @@ from steward.supervisor.jobs import Job, JobQueue
 from steward.supervisor.link import WorkerLink
 from steward.supervisor.standby import Standby
 from steward.supervisor.state import State
-from steward.worker.injection import FaultSpec, Periods
-from steward.worker.protocol import (
+from steward.wire.faultspec import FaultSpec, Periods
+from steward.wire.protocol import (
     Cancel,
     Done,
     Generate,

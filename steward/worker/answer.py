@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from steward.worker.protocol import CallDelta
+from steward.wire.protocol import CallDelta
 from steward.worker.stops import StopMatcher
 from steward.worker.toolcalls import ToolCalls
 

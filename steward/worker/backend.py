@@ -18,11 +18,11 @@ from jinja2 import TemplateError
 from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from steward.wire.protocol import Generate, Rejected
 from steward.worker.grammar import BatchStep, Grammars
 from steward.worker.injection import Injector
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Logprobs
-from steward.worker.protocol import Generate, Rejected
 from steward.worker.toolcalls import ToolCalls
 
 

@@ -24,12 +24,12 @@ from typing import Any, NamedTuple
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
+from steward.wire.protocol import Done, Generate, Logprob, Rejected, Step, Token, prompt_text
 from steward.worker.answer import Answer, segments
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
 from steward.worker.grammar import RESIDENT, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
-from steward.worker.protocol import Done, Generate, Logprob, Rejected, Step, Token, prompt_text
 from steward.worker.sampling import sampler
 from steward.worker.solo import Solo
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from steward.wire.protocol import Generate
 from steward.worker.grammar import Grammar
-from steward.worker.protocol import Generate
 
 
 class Processor:

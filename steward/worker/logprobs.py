@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from steward.worker.protocol import Logprob, TopLogprob
+from steward.wire.protocol import Logprob, TopLogprob
 
 Wanted = tuple[int, int, mx.array]  # (token, how many top entries, the step's logprobs row)
 

@@ -19,14 +19,11 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from steward.model.resolve import ModelError, ModelSource, is_vision
-from steward.worker import lifeline
-from steward.worker.channel import BlockingChannel
-from steward.worker.injection import FaultSpec, Injector
-from steward.worker.protocol import (
+from steward.wire.channel import BlockingChannel
+from steward.wire.protocol import (
     Cancel,
     Done,
     Failed,
@@ -43,6 +40,9 @@ from steward.worker.protocol import (
     decode_to_worker,
     encode,
 )
+from steward.wire.settings import WorkerSettings
+from steward.worker import lifeline
+from steward.worker.injection import Injector
 
 if TYPE_CHECKING:
     from steward.worker.backend import Backend
@@ -52,18 +52,6 @@ if TYPE_CHECKING:
 HEARTBEAT_INTERVAL = 1.0
 # Raised while reading a model's files or config: restarting the process cannot help.
 CONFIG_ERRORS = (ModelError, OSError, ValueError, KeyError, json.JSONDecodeError)
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    source: ModelSource
-    generation: int
-    faults: list[FaultSpec]
-    parent_pid: int
-    memory_limit: int | None = None
-    max_batch: int = 32
-    prompt_cache_bytes: int = 0
-    warm: bool = False  # a warm spare: start the runtime, load the model only when told
 
 
 def run(sock: socket.socket, settings: WorkerSettings) -> None:

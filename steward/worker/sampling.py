@@ -16,7 +16,7 @@ from collections.abc import Callable
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler
 
-from steward.worker.protocol import Generate
+from steward.wire.protocol import Generate
 
 Sampler = Callable[[mx.array], mx.array]
 Filters = tuple[float, int, float]  # top_p, top_k, min_p

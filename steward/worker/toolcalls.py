@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from steward.worker.protocol import CallDelta
+from steward.wire.protocol import CallDelta
 from steward.worker.stops import overlap
 
 Parser = Callable[[str, Any], Any]

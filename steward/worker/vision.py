@@ -29,6 +29,7 @@ from mlx_vlm import apply_chat_template, load, stream_generate
 from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 from PIL import Image, UnidentifiedImageError
 
+from steward.wire.protocol import Done, Generate, Rejected, Step, Token, prompt_text
 from steward.worker.answer import Answer, segments
 from steward.worker.backend import (
     PREPARE_ERRORS,
@@ -39,7 +40,6 @@ from steward.worker.backend import (
     unpreparable,
 )
 from steward.worker.injection import Injector
-from steward.worker.protocol import Done, Generate, Rejected, Step, Token, prompt_text
 from steward.worker.sampling import sampler
 
 Emit = Callable[[Step], None]

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from steward.ops.metrics import Metrics
 from steward.supervisor.faults import Fault, FaultClass, Outcome
 from steward.supervisor.state import State
-from steward.worker.protocol import Done
+from steward.wire.protocol import Done
 
 
 class FakeBatch:

@@ -15,8 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from steward.supervisor.faults import Fault, FaultClass
-from steward.worker.main import WorkerSettings
-from steward.worker.protocol import (
+from steward.wire.protocol import (
     Cancel,
     Done,
     Generate,
@@ -27,6 +26,7 @@ from steward.worker.protocol import (
     ToWorker,
     Warm,
 )
+from steward.wire.settings import WorkerSettings
 
 GOLDEN = (11, 12, 13)
 TOKENS = 4  # a request's answer

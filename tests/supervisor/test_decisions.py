@@ -21,7 +21,7 @@ from steward.supervisor.faults import FaultClass, Outcome
 from steward.supervisor.jobs import Job
 from steward.supervisor.state import State
 from steward.supervisor.supervisor import Supervisor
-from steward.worker.protocol import Done, Generate, Token
+from steward.wire.protocol import Done, Generate, Token
 from tests.supervisor.fakelink import TOKENS, Script
 
 SOURCE = ModelSource("gguf", Path("fake.gguf"), "fake")

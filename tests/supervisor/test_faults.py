@@ -6,15 +6,8 @@ import pytest
 
 from steward.supervisor.faults import classify, describe_exit
 from steward.supervisor.intensity import RestartIntensity
-from steward.worker.injection import (
-    GPU_TIMEOUT,
-    OUT_OF_MEMORY,
-    FaultSpec,
-    Injector,
-    Periods,
-    parse,
-    parse_all,
-)
+from steward.wire.faultspec import FaultSpec, Periods, parse, parse_all
+from steward.worker.injection import GPU_TIMEOUT, OUT_OF_MEMORY, Injector
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,8 @@ pytest.importorskip("mlx_vlm")
 from PIL import Image
 
 from steward.front.structured import grammar as compile_schema
-from steward.worker.answer import segments
-from steward.worker.injection import Injector, parse
-from steward.worker.protocol import (
+from steward.wire.faultspec import parse
+from steward.wire.protocol import (
     Cancel,
     Done,
     Generate,
@@ -30,6 +29,8 @@ from steward.worker.protocol import (
     decode_to_worker,
     encode,
 )
+from steward.worker.answer import segments
+from steward.worker.injection import Injector
 from steward.worker.vision import VisionBackend
 from tests.tinyvlm import IMAGE_SEQ_LEN, build_tiny_vlm
 

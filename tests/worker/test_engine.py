@@ -11,7 +11,7 @@ import llguidance
 import pytest
 
 from steward.front.structured import grammar as compile_schema
-from steward.worker.protocol import Generate
+from steward.wire.protocol import Generate
 from steward.worker.toolcalls import ToolCalls
 
 

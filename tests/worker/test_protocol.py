@@ -7,8 +7,8 @@ import socket
 import threading
 import time
 
-from steward.worker.channel import AsyncChannel, BlockingChannel
-from steward.worker.protocol import (
+from steward.wire.channel import AsyncChannel, BlockingChannel
+from steward.wire.protocol import (
     Done,
     Failed,
     Generate,

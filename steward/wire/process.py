@@ -13,9 +13,9 @@ import multiprocessing
 import os
 import socket
 
-from steward.worker.channel import AsyncChannel
-from steward.worker.main import WorkerSettings, run
-from steward.worker.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
+from steward.wire.channel import AsyncChannel
+from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
+from steward.wire.settings import WorkerSettings
 
 _spawn = multiprocessing.get_context("spawn")
 
@@ -29,7 +29,7 @@ class WorkerProcess:
     async def spawn(cls, settings: WorkerSettings) -> WorkerProcess:
         ours, theirs = socket.socketpair()
         process = _spawn.Process(
-            target=run, args=(theirs, settings), name=f"steward-worker-{settings.generation}"
+            target=_child, args=(theirs, settings), name=f"steward-worker-{settings.generation}"
         )
         process.daemon = True
         process.start()
@@ -70,3 +70,10 @@ class WorkerProcess:
         """Reap the process within `timeout` s, in a thread; True if it has exited."""
         await asyncio.to_thread(self.process.join, timeout)
         return self.process.exitcode is not None
+
+
+def _child(sock: socket.socket, settings: WorkerSettings) -> None:
+    """The spawned process's entry: the worker is imported there, never by the front."""
+    from steward.worker.main import run
+
+    run(sock, settings)

@@ -1,0 +1,107 @@
+"""Fault-injection specs (SPEC §6): `POINT:ACTION[:TRIGGER]`, for tests and drills only.
+
+Parsed in the front (a bad spec is a configuration error), scheduled there (`Periods`: the
+front sees every request across workers), and acted on in the worker (worker/injection.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+POINTS = ("load", "prefill", "decode", "supervisor")
+ACTIONS = ("raise", "poison", "hang", "crash", "oom", "slow")
+# `supervisor` stands for a bug in steward's own loop, not a backend fault: `raise` fails
+# the request being dispatched, `crash` ends the supervision loop (exit 70).
+SUPERVISOR_ACTIONS = ("raise", "crash")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    point: str
+    action: str
+    seconds: float = 0.0
+    nth: int | None = 1
+    marker: str | None = None
+    period: float | None = None  # seconds: a chaos schedule (bench/soak.py)
+    offset: float = 0.0  # seconds before the first period's request
+
+    @property
+    def every(self) -> bool:
+        return self.nth is None and self.marker is None and self.period is None
+
+    def matches(self, seq: int, attempt: int, prompt: str, generation: int) -> bool:
+        """`nth` counts requests the server received (the front numbers them, across
+        workers) and fires on a request's first attempt only, so a replay is not faulted
+        again; `marker` fires on every attempt (a poison request); for `load`, `nth`
+        counts workers."""
+        if self.every:
+            return True
+        if self.marker is not None:
+            return self.marker in prompt
+        if self.point == "load":
+            return self.nth == generation
+        return self.nth == seq and attempt == 1
+
+
+def parse(text: str) -> FaultSpec:
+    """`decode:poison:nth=3` -> FaultSpec; ValueError says what is wrong."""
+    parts = text.strip().split(":", 2)
+    if len(parts) < 2:
+        raise ValueError(f"fault spec {text!r}: expected POINT:ACTION[:TRIGGER]")
+    point, action = parts[0], parts[1]
+    trigger = parts[2] if len(parts) == 3 else "nth=1"
+    if point not in POINTS:
+        raise ValueError(f"fault spec {text!r}: point must be one of {', '.join(POINTS)}")
+    name, _, arg = action.partition("=")
+    if name not in ACTIONS or (name == "slow") != bool(arg):
+        raise ValueError(f"fault spec {text!r}: action must be one of {', '.join(ACTIONS)}=S")
+    if point == "supervisor" and name not in SUPERVISOR_ACTIONS:
+        raise ValueError(f"fault spec {text!r}: supervisor takes {' or '.join(SUPERVISOR_ACTIONS)}")
+    seconds = float(arg) if arg else 0.0
+    if trigger == "every":
+        return FaultSpec(point, name, seconds, nth=None)
+    key, _, value = trigger.partition("=")
+    if key == "nth" and value.isdigit() and int(value) >= 1:
+        return FaultSpec(point, name, seconds, nth=int(value))
+    if key == "marker" and value and point != "load":
+        return FaultSpec(point, name, seconds, nth=None, marker=value)
+    if key == "period" and point not in ("load", "supervisor"):
+        period, _, offset = value.partition("+")
+        with contextlib.suppress(ValueError):
+            if float(period) > 0 and float(offset or 0) >= 0:
+                return FaultSpec(
+                    point, name, seconds, None, None, float(period), float(offset or 0)
+                )
+    raise ValueError(
+        f"fault spec {text!r}: trigger must be nth=N, every, marker=TEXT or period=S[+OFFSET]"
+    )
+
+
+def parse_all(texts: list[str]) -> list[FaultSpec]:
+    """Each text may hold several specs separated by ';' (as STEWARD_INJECT_FAULT does)."""
+    return [parse(t) for text in texts for t in text.split(";") if t.strip()]
+
+
+class Periods:
+    """`period=S[+OFFSET]` triggers, decided in the front, which sees every request across
+    workers: a spec arms the first request started once its time has come (OFFSET s after
+    the first request, then every S s), and fires on that request's first attempt. One spec
+    a request, so faults that fall due together still each get a request of their own."""
+
+    def __init__(self, specs: list[FaultSpec]) -> None:
+        self.specs = specs
+        self.due: dict[int, float] = {}  # from the first request on
+
+    def arm(self) -> list[int]:
+        """The spec (its index) that fires on the request being started now, if any."""
+        now = time.monotonic()
+        if not self.due:
+            self.due = {i: now + s.offset for i, s in enumerate(self.specs) if s.period}
+        ready = [i for i, due in self.due.items() if now >= due]
+        if not ready:
+            return []
+        first = min(ready, key=self.due.__getitem__)
+        self.due[first] = now + (self.specs[first].period or 0.0)
+        return [first]

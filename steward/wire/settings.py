@@ -1,0 +1,20 @@
+"""What a worker is started with: the one object that crosses `spawn` (pickled)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from steward.model.resolve import ModelSource
+from steward.wire.faultspec import FaultSpec
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    source: ModelSource
+    generation: int
+    faults: list[FaultSpec]
+    parent_pid: int
+    memory_limit: int | None = None
+    max_batch: int = 32
+    prompt_cache_bytes: int = 0
+    warm: bool = False  # a warm spare: start the runtime, load the model only when told
