@@ -122,9 +122,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         p,
         "standby",
         str,
-        "a spare worker for fast recovery: warm (runtime started, no model), hot (model "
+        "a spare worker for fast recovery: auto (hot where a second copy of the model fits "
+        "the device with headroom, else warm), warm (runtime started, no model), hot (model "
         "loaded, canary passed; twice the model's memory), none",
-        choices=["none", "warm", "hot"],
+        choices=["auto", "none", "warm", "hot"],
     )
     _flag(
         p,

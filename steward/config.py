@@ -37,6 +37,6 @@ class ServeConfig:
     allow_image_urls: bool = False
     max_batch: int = 32
     max_n: int = 8  # choices per request
-    standby: str = "warm"  # none, warm (runtime up, no model) or hot (model loaded)
+    standby: str = "auto"  # auto, none, warm (runtime up, no model) or hot (model loaded)
     prompt_cache_bytes: int = 1024 * 1024 * 1024
     inject_fault: list[str] = field(default_factory=list)
