@@ -49,6 +49,8 @@ class Generate(_Msg):
     call_name: str = ""  # the function a "named" answer's arguments are for
     images: list[bytes] = []  # encoded, validated and downscaled by the front, in part order
     resume: list[int] = []  # after a fault: the answer's tokens the client already has
+    ignore_eos: bool = False  # end tokens suppressed: exactly max_tokens tokens (the canary)
+    thinking: bool | None = None  # a thinking model: None its template's default, else on/off
     armed: list[int] = []  # fault-injection specs with a period that fire on this request
 
     @property
@@ -105,6 +107,8 @@ class Ready(_Msg):
     load_seconds: float
     model_bytes: int = 0  # the device memory the loaded model takes
     memory_bytes: int = 0  # the device's memory (the machine's, where it has none apart)
+    working_set_bytes: int = 0  # the device's recommended working set (Metal), 0 if none
+    thinking: bool = False  # the template and tokenizer mark thinking (mlx-lm's detection)
 
 
 class Warm(_Msg):
@@ -154,13 +158,24 @@ class CallDelta(_Part):
 
 
 class Token(_Msg):
-    """`token` is -1 for text that is no token of its own (a stop string's held text)."""
+    """`token` is -1 for text that is no token of its own (a stop string's held text).
+    `text` is the answer's; `reasoning` the thinking text this token adds (a thinking
+    model), never parsed for tool calls or stop strings."""
 
     id: int
     token: int
     text: str
     logprob: Logprob | None = None
     calls: list[CallDelta] = []
+    reasoning: str = ""
+
+
+class Admitted(_Part):
+    """A request the worker took in: `prefill` prompt tokens to compute (the prompt cache's
+    share not counted), so the front knows how long its silence may honestly last."""
+
+    id: int
+    prefill: int
 
 
 class Done(_Msg):
@@ -175,6 +190,7 @@ class Done(_Msg):
     decode_tps: float
     cached_tokens: int = 0
     batch: int = 1
+    reasoning_tokens: int = 0  # of completion_tokens, those that were thinking
 
 
 class Rejected(_Msg):
@@ -192,6 +208,7 @@ class Step(_Msg):
     tokens: list[Token] = []
     done: list[Done] = []
     prefilled: list[int] = []
+    admitted: list[Admitted] = []  # sent before the prefill it announces begins
 
 
 class Failed(_Msg):
