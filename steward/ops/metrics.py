@@ -2,8 +2,8 @@
 
 A registry of our own, not prometheus_client's global one: `/metrics` then shows steward's
 series only, and two apps in one process (tests) never collide. State, queue depth,
-generation and restarts in window are read from the supervisor at scrape time, so they
-can never go stale between transitions.
+generation, batch and restarts in window come from one supervisor snapshot taken at scrape
+time, so they never go stale between transitions and never mix two moments.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 
 class Metrics(Observer):
     def __init__(self, supervisor: Any) -> None:
+        self.supervisor = supervisor  # read through `snapshot()` alone
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "steward_requests_total", "HTTP responses", ["route", "status"], registry=r
@@ -75,21 +76,17 @@ class Metrics(Observer):
         )
         for result in ("pass", "fail"):
             self.canaries.labels(result)
-        state = Gauge("steward_state", "1 for the current state, else 0", ["state"], registry=r)
-        for s in State:
-            state.labels(s.value).set_function(lambda s=s: float(supervisor.status() == s))
-        Gauge(
+        self.state = Gauge(
+            "steward_state", "1 for the current state, else 0", ["state"], registry=r
+        )
+        self.generation = Gauge(
             "steward_worker_generation", "The serving worker's number, in start order", registry=r
-        ).set_function(lambda: supervisor.link.generation if supervisor.link else 0)
-        Gauge("steward_queue_depth", "Requests waiting", registry=r).set_function(
-            lambda: len(supervisor.queue)
         )
-        Gauge("steward_batch_size", "Requests decoding together now", registry=r).set_function(
-            lambda: len(supervisor.batch)
-        )
-        Gauge(
+        self.queue = Gauge("steward_queue_depth", "Requests waiting", registry=r)
+        self.batch = Gauge("steward_batch_size", "Requests decoding together now", registry=r)
+        self.limit = Gauge(
             "steward_batch_limit", "Requests that may decode together now", registry=r
-        ).set_function(lambda: supervisor.batch.limit)
+        )
         self.generated = Counter(
             "steward_generated_tokens_total", "Completion tokens generated", registry=r
         )
@@ -106,9 +103,9 @@ class Metrics(Observer):
             "Prompt tokens taken from the prompt cache instead of prefilled",
             registry=r,
         )
-        Gauge(
+        self.in_window = Gauge(
             "steward_restarts_in_window", "Worker restarts within --restart-window", registry=r
-        ).set_function(lambda: supervisor.intensity.in_window())
+        )
 
     # -- the HTTP front ---------------------------------------------------------------
 
@@ -119,6 +116,14 @@ class Metrics(Observer):
         self.errors.labels(type).inc()
 
     def render(self) -> tuple[bytes, str]:
+        snapshot = self.supervisor.snapshot()
+        for state in State:
+            self.state.labels(state.value).set(float(snapshot.status is state))
+        self.generation.set(snapshot.worker_generation)
+        self.queue.set(snapshot.queue_depth)
+        self.batch.set(snapshot.batch_size)
+        self.limit.set(snapshot.batch_limit)
+        self.in_window.set(snapshot.restarts_in_window)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     # -- the supervisor's events ------------------------------------------------------

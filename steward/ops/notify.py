@@ -84,7 +84,7 @@ class Notifier(Observer):
             lines = []
             if self._watchdog and supervisor_alive():
                 lines.append("WATCHDOG=1")
-            if self._supervisor.state in (State.STARTING, State.RECOVERING):
+            if self._supervisor.snapshot().status in (State.STARTING, State.RECOVERING):
                 lines.append(f"EXTEND_TIMEOUT_USEC={self._extend_usec}")
             if lines:
                 self.send(*lines)

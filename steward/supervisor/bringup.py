@@ -1,54 +1,156 @@
-"""Bringing workers up: a new one, or the spare promoted; the canary and its golden tokens.
+"""Bringing workers up: the first one, a replacement, or the spare promoted; the canary.
 
 A worker serves only once its model is loaded and its canary has answered the golden
 tokens, recorded when the first worker came up. Replacing one is bounded by the restart
 intensity (OTP-style): past it, or when a replacement fails to come up twice, the process
-exits 75. Part of `Supervisor` (supervisor.py), whose state it reads and sets.
+exits 75. The worker replaced is stopped politely when it still answers (Shutdown, then
+SIGKILL after `POLITE` s) and killed at once when it is dead or hung; a hot spare takes over
+first, since it holds its own copy of the model, and the old worker stops meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+from steward.config import ServeConfig
+from steward.model.resolve import ModelSource
 from steward.supervisor import canary
+from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_TEMPFAIL, Exit
 from steward.supervisor.faults import DEVICE_FAULTS, Fault, FaultClass, Outcome, classify
+from steward.supervisor.intensity import RestartIntensity
 from steward.supervisor.link import FaultError, WorkerLink
+from steward.supervisor.speeds import Speeds
+from steward.supervisor.standby import Standby
+from steward.wire.faultspec import FaultSpec
 from steward.wire.protocol import Load, LoadFailed, Ready
 from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.supervisor")
 
 Spawn = Callable[[WorkerSettings], Awaitable[WorkerLink]]
+POLITE = 2.0  # seconds a worker being replaced has to exit on its own
+HUNG = frozenset({FaultClass.WORKER_CRASH, FaultClass.STALL})  # nothing to ask politely
+
+
+@dataclass
+class Model:
+    """What the serving worker said of its model."""
+
+    context_length: int | None = None
+    max_token_chars: int | None = None  # the longest token's text: bounds a prompt
+    max_batch: int | None = None
+    thinking: bool = False
 
 
 class BringUp:
-    async def _replace(self, fault: Fault | None = None) -> Outcome:
-        """Kill the worker and put another in its place, the spare if there is one, within
-        the restart intensity (a promotion counts as a restart)."""
+    def __init__(
+        self,
+        config: ServeConfig,
+        source: ModelSource,
+        specs: list[FaultSpec],
+        spawn: Spawn,
+        speeds: Speeds,
+        events: Observers,
+        record: Callable[[Fault], None],  # a bring-up fault, settled: log and count it
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.specs = specs
+        self.spawn = spawn
+        self.speeds = speeds
+        self.events = events
+        self.record = record
+        self.intensity = RestartIntensity(config.max_restarts, config.restart_window)
+        self.standby = Standby(config.standby, self._spawn_spare, self.check, config.load_timeout)
+        self.model = Model()
+        self.link: WorkerLink | None = None  # the serving worker's line
+        self.golden: tuple[int, ...] | None = None
+        self.generation = 0  # workers started so far, spares included
+        self.seconds = 10.0  # the last bring-up, until measured: a guess for Retry-After
+        self.since = time.monotonic()  # the bring-up under way began
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    async def first(self) -> None:
+        """The first worker, or its replacement if it cannot come up."""
+        if not await self._start_worker():
+            await self.replace(None)
+
+    async def replace(self, fault: Fault | None) -> Outcome:
+        """Put another worker in place of this one, the spare if there is one, within the
+        restart intensity (a promotion counts as a restart)."""
+        old, self.link = self.link, None
+        self.since = time.monotonic()
         for _attempt in range(2):
-            await self._kill_worker()
+            if old is not None and self.standby.mode != "hot":
+                await self.retire(old, fault)  # its memory is wanted for the next copy
+                old = None
             if not self.intensity.allow():
                 raise Exit(
                     EX_TEMPFAIL,
                     f"more than {self.config.max_restarts} restarts in "
                     f"{self.config.restart_window:.0f} s",
                 )
-            if await self._promote(fault):
+            promoted = await self._promote(fault)
+            if old is not None:
+                task = asyncio.ensure_future(self.retire(old, fault))
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+                old = None
+            if promoted:
                 return Outcome.PROMOTED
             if await self._start_worker():
                 return Outcome.REPLACED
         raise Exit(EX_TEMPFAIL, "a replacement worker failed to come up twice")
+
+    async def retire(self, link: WorkerLink, fault: Fault | None) -> None:
+        """Stop a worker that is being replaced: politely if it still answers."""
+        if fault is None or fault.cls in HUNG or not link.alive:
+            await link.kill()
+        else:
+            await link.stop(POLITE)
+
+    async def close(self) -> None:
+        """No worker may outlive the front: the serving one, the spare, those retiring."""
+        await self.standby.close()
+        for task in list(self._retiring):
+            await task
+        if self.link is not None:
+            await self.link.kill()
+
+    async def check(self, link: WorkerLink | None = None) -> Fault | None:
+        """Run the canary on a worker (the serving one by default): None if it passed."""
+        link = link or self.link
+        assert link is not None
+        started = time.monotonic()
+        try:
+            tokens, done = await canary.run(link, self.speeds.deadline)
+        except FaultError as err:
+            self.events.canary_ran(False, time.monotonic() - started)
+            return err.fault
+        seconds = time.monotonic() - started
+        self.events.canary_ran(tokens == (self.golden or tokens), seconds)
+        self.speeds.canary(done, seconds)
+        if self.golden is None:
+            self.golden = tokens
+            log.info("canary golden tokens %s, decode %.1f tok/s", tokens, done.decode_tps)
+        elif tokens != self.golden:
+            return canary.mismatch(
+                link, f"canary tokens {list(tokens)} differ from {list(self.golden)}"
+            )
+        return None
 
     def _settings(self, warm: bool) -> WorkerSettings:
         self.generation += 1
         return WorkerSettings(
             self.source,
             self.generation,
-            self.fault_specs,
+            self.specs,
             os.getpid(),
             self.config.worker_memory_limit,
             self.config.max_batch,
@@ -61,16 +163,16 @@ class BringUp:
 
     async def _start_worker(self) -> bool:
         """Spawn, load, canary. False (fault recorded) when this worker cannot serve."""
-        self._recovery_since = time.monotonic()
+        self.since = time.monotonic()
         self.link = link = await self.spawn(self._settings(warm=False))
         log.info("worker %d started (pid %d)", link.generation, link.pid)
         self.events.worker_started(link.generation)
-        return await self._bring_up(link, load=True, canary=True)
+        return await self._bring_up(link, load=True, check=True)
 
     async def _promote(self, fault: Fault | None) -> bool:
         """The spare serves: a warm one loads the model first; a hot one runs the canary
         again when the fault may be the device's, which it shares."""
-        spare = await self.standby.take()
+        spare = await self.standby.take(within=self.seconds)
         if spare is None:
             return False
         link, warm = spare
@@ -80,9 +182,9 @@ class BringUp:
         if warm:
             link.send(Load())
         device = fault is not None and fault.cls in DEVICE_FAULTS
-        return await self._bring_up(link, load=warm, canary=warm or device)
+        return await self._bring_up(link, load=warm, check=warm or device)
 
-    async def _bring_up(self, link: WorkerLink, load: bool, canary: bool) -> bool:
+    async def _bring_up(self, link: WorkerLink, load: bool, check: bool) -> bool:
         """Its model loaded, its canary passed: False (fault recorded) if it cannot serve."""
         try:
             if load:
@@ -94,55 +196,22 @@ class BringUp:
                     raise FaultError(fault)
                 assert isinstance(msg, Ready)
                 self._adopt(msg)
-            if canary and (failure := await self._canary(link)) is not None:
+            if check and (failure := await self.check(link)) is not None:
                 raise FaultError(failure)
         except FaultError as err:
             err.fault.settle(Outcome.DISCARDED, "worker discarded (failed to come up)")
-            self._record(err.fault)
-            self._settle(err.fault)
-            await self._kill_worker()
+            self.record(err.fault)
+            await link.kill()
+            self.link = None
             return False
-        self.bring_up_seconds = time.monotonic() - self._recovery_since
-        log.info("worker %d ready in %.2f s", link.generation, self.bring_up_seconds)
+        self.seconds = time.monotonic() - self.since
+        log.info("worker %d ready in %.2f s", link.generation, self.seconds)
         self.standby.refill()
         return True
 
     def _adopt(self, msg: Ready) -> None:
         """What the worker said of the model: its bounds, and whether two copies fit."""
-        self.context_length = msg.context_length
-        self.max_token_chars = msg.max_token_chars
-        self.batch.worker_max = msg.max_batch
-        if self.standby.mode == "hot" and 2 * msg.model_bytes > 0.9 * msg.memory_bytes:
-            log.warning(
-                "--standby hot needs room for a second copy of the model (%.1f GiB) beside "
-                "this one, in %.1f GiB of device memory: keeping a warm spare instead",
-                msg.model_bytes / 2**30,
-                msg.memory_bytes / 2**30,
-            )
-            self.standby.demote()
-
-    async def _canary(self, link: WorkerLink | None = None) -> Fault | None:
-        """Run the canary on a worker (the serving one by default), bounded by the stall
-        timeout: None if it passed, else the fault."""
-        link = link or self.link
-        assert link is not None
-        started = time.monotonic()
-        try:
-            tokens, tps = await canary.run(link, self.config.stall_timeout)
-        except FaultError as err:
-            self.events.canary_ran(False, time.monotonic() - started)
-            return err.fault
-        self.events.canary_ran(tokens == (self.golden or tokens), time.monotonic() - started)
-        if self.golden is None:
-            self.golden, self.baseline_tps = tokens, tps
-            log.info("canary golden tokens %s, decode %.1f tok/s", tokens, tps)
-        elif tokens != self.golden:
-            return link.fault(
-                FaultClass.CANARY_MISMATCH,
-                f"canary tokens {list(tokens)} differ from {list(self.golden)}",
-            )
-        return None
-
-    async def _kill_worker(self) -> None:
-        if self.link is not None:
-            await self.link.kill()
+        self.model = Model(msg.context_length, msg.max_token_chars, msg.max_batch, msg.thinking)
+        self.speeds.loaded(msg.load_seconds)
+        if self.golden is None:  # the first worker: the standby is chosen once
+            self.standby.choose(msg.model_bytes, msg.working_set_bytes or msg.memory_bytes)

@@ -11,8 +11,13 @@ import logging
 import re
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from steward.supervisor.events import Observer
 
 
 class FaultClass(StrEnum):
@@ -151,3 +156,28 @@ def log_fault(fault: Fault) -> None:
             "traceback": fault.traceback,
         },
     )
+
+
+class FaultLog:
+    """Every fault, numbered once (`f-N`) as it is first recorded; the recent ones kept."""
+
+    def __init__(self, events: Observer) -> None:
+        self.events = events
+        self.recent: deque[Fault] = deque(maxlen=64)
+        self.total = 0
+
+    @property
+    def last(self) -> Fault | None:
+        return self.recent[-1] if self.recent else None
+
+    def record(self, fault: Fault) -> None:
+        if fault not in self.recent:
+            self.total += 1
+            fault.id = f"f-{self.total}"
+            self.recent.append(fault)
+
+    def settle(self, fault: Fault) -> None:
+        """Its action is decided: log it once, tell the observers."""
+        self.record(fault)
+        log_fault(fault)
+        self.events.fault_settled(fault)

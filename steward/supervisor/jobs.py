@@ -1,8 +1,8 @@
 """A request as the supervisor sees it (`Job`), and the bounded FIFO it waits in.
 
-The HTTP handler owns the client side of a job (it reads `events`); the supervisor owns
-the backend side (it runs, replays or fails the job). Everything happens on one event
-loop, so no locks.
+The HTTP handler owns the client side of a job (it reads `events`); the scheduler owns its
+lifecycle, one `JobStatus` it alone sets (scheduler.py); everything else asks. Everything
+happens on one event loop, so no locks.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import msgspec
 
@@ -24,6 +25,19 @@ Event = Token | Done | ApiError
 _ids = itertools.count(1)
 
 
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUSPECT = "suspect"  # in flight at a fault: waits for its probation group
+    FINISHED = "finished"  # answered, or failed with an error
+    CANCELLED = "cancelled"
+    QUARANTINED = "quarantined"
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobStatus.FINISHED, JobStatus.CANCELLED, JobStatus.QUARANTINED)
+
+
 @dataclass(eq=False)
 class Job:
     request: Generate  # the validated body, as the worker will get it
@@ -33,15 +47,16 @@ class Job:
     prompt_chars: int = 0  # characters of the prompt's text: a cheap context bound
     stream: bool = False
     id: int = field(default_factory=lambda: next(_ids))
+    status: JobStatus = JobStatus.QUEUED  # set by the scheduler alone
     attempts: int = 0
     sent: bool = False  # something of the answer reached the client: no replay
-    running: bool = False
-    alone: bool = False  # on probation: runs with nothing else in flight
-    finished: bool = False
-    cancelled: bool = False
+    answered: bool = False  # its last event (an answer or an error) is in `events`
     queued_at: float = field(default_factory=time.monotonic)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    prefill: int = 0  # prompt tokens this attempt computes (the worker's `Admitted`)
+    fresh: int = 0  # tokens this attempt generated
     text: list[str] = field(default_factory=list)  # the answer so far
+    reasoning: list[str] = field(default_factory=list)  # a thinking model's thinking so far
     generated: list[int] = field(default_factory=list)  # its token ids
     logprobs: list[Logprob] = field(default_factory=list)  # when asked for
     calls: list[CallDelta] = field(default_factory=list)  # tool calls, in parts
@@ -80,30 +95,53 @@ class Job:
             "can hold.",
         )
 
+    @property
+    def running(self) -> bool:
+        return self.status is JobStatus.RUNNING
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more will happen to it (the handler stops waiting)."""
+        return self.answered or self.status.ended
+
+    @property
+    def started(self) -> bool:
+        """This attempt has shown progress: a token, so its prompt went through."""
+        return self.fresh > 0
+
     def restart(self) -> None:
         """A new attempt: from scratch, unless the client has part of the answer already."""
         self.attempts += 1
+        self.prefill = self.fresh = 0
         if not self.sent:
             self.text.clear()
+            self.reasoning.clear()
             self.generated.clear()
             self.logprobs.clear()
             self.calls.clear()
 
+    def admitted(self, prefill: int) -> None:
+        """The worker took this attempt in, with `prefill` prompt tokens to compute."""
+        self.prefill = prefill
+
     def add(self, token: Token) -> None:
         """A token of the current attempt; only a streaming client sees it before the end."""
+        self.fresh += 1
         self.text.append(token.text)
+        if token.reasoning:
+            self.reasoning.append(token.reasoning)
         if token.token >= 0:
             self.generated.append(token.token)
         if token.logprob is not None:
             self.logprobs.append(token.logprob)
         self.calls += token.calls
-        if self.stream and (token.text or token.logprob or token.calls):
+        if self.stream and (token.text or token.reasoning or token.logprob or token.calls):
             self.sent = True
             self.push(token)
 
     def push(self, event: Event) -> None:
-        if not self.finished:
-            self.finished = isinstance(event, Done | ApiError)
+        if not self.answered:
+            self.answered = isinstance(event, Done | ApiError)
             self.events.put_nowait(event)
 
 
@@ -124,7 +162,6 @@ class JobQueue:
         return len(self._items) >= self.maxsize
 
     def put(self, job: Job, *, front: bool = False) -> None:
-        job.running = False
         job.queued_at = time.monotonic()
         (self._items.appendleft if front else self._items.append)(job)
 

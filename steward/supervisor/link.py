@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from steward.supervisor.faults import Fault, FaultClass, classify, describe_exit
 from steward.wire.process import WorkerProcess
@@ -36,8 +37,15 @@ from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.link")
 
-OnToken = Callable[[Token], None]
-OnFinish = Callable[[Done | Rejected], None]
+
+@dataclass(frozen=True)
+class Sink:
+    """Where one request's news goes: each token, its admission (how many prompt tokens
+    it prefills), its end."""
+
+    token: Callable[[Token], None]
+    finished: Callable[[Done | Rejected], None]
+    admitted: Callable[[int], None] = lambda prefill: None
 
 
 class FaultError(Exception):
@@ -51,7 +59,7 @@ class WorkerLink:
         self.worker = worker
         self.generation = generation
         self.heartbeat = self.progress = time.monotonic()
-        self.sinks: dict[int, tuple[OnToken, OnFinish]] = {}
+        self.sinks: dict[int, Sink] = {}
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
         self._crashed: Fault | None = None
         self._bug: Exception | None = None
@@ -69,10 +77,15 @@ class WorkerLink:
     def send(self, msg: ToWorker) -> None:
         self.worker.send(msg)
 
-    def start(self, req: Generate, on_token: OnToken, on_finish: OnFinish) -> None:
-        """Send a request; its tokens and its end go to these callbacks."""
-        self.sinks[req.id] = (on_token, on_finish)
+    def start(self, req: Generate, sink: Sink) -> None:
+        """Send a request; what the worker says of it goes to `sink`."""
+        self.sinks[req.id] = sink
         self.worker.send(req)
+
+    @property
+    def alive(self) -> bool:
+        """The process has not exited (it may still be hung)."""
+        return self.worker.exitcode is None
 
     def rearm(self) -> None:
         """After a fault the worker survived (the canary passed): watch for the next one."""
@@ -105,6 +118,7 @@ class WorkerLink:
         await self.worker.kill()
 
     async def stop(self, timeout: float) -> None:
+        """Polite, then firm: Shutdown, up to `timeout` s, then SIGKILL."""
         await self.worker.stop(timeout)
 
     async def _read(self) -> None:
@@ -140,15 +154,18 @@ class WorkerLink:
                 self.failure.set_exception(exc)
 
     def _route(self, step: Step) -> None:
+        for admitted in step.admitted:
+            if sink := self.sinks.get(admitted.id):
+                sink.admitted(admitted.prefill)
         for token in step.tokens:
             if sink := self.sinks.get(token.id):
-                sink[0](token)
+                sink.token(token)
         for done in step.done:
             self._finish(done)
 
     def _finish(self, msg: Done | Rejected) -> None:
         if sink := self.sinks.pop(msg.id, None):
-            sink[1](msg)
+            sink.finished(msg)
 
     def _fail(self, fault: Fault) -> None:
         if not self.failure.done():

@@ -2,10 +2,14 @@
 
 `warm`: a process that has imported the runtime and initialised the device, with no model;
 promoting it costs the model load and the canary. `hot`: the spare has loaded the model and
-passed the canary; promoting it is a swap. The spare starts only once a worker serves (it
-never competes with a load that clients wait for) and again behind each promotion. Its own
-faults are logged, never shown to clients; after three in a row it is given up until the
-next promotion. It dies with the front like any worker (the same lifeline).
+passed the canary; promoting it is a swap. `auto` picks `hot` where two copies of the model
+take at most `HOT_SHARE` of the device's memory (its recommended working set where it has
+one, as Metal does, else its total), so KV caches keep room; else `warm`: on CUDA a warm
+spare recovers no faster than a restart (the load dominates), on a small Mac a hot one
+would not fit. The spare starts only once a worker serves (it never competes with a load
+that clients wait for) and again behind each promotion. Its own faults are logged, never
+shown to clients; after three in a row it is given up until the next promotion. It dies
+with the front like any worker (the same lifeline).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from steward.wire.protocol import LoadFailed, Ready, Warm
 
 log = logging.getLogger("steward.standby")
 
-MODES = ("none", "warm", "hot")
+MODES = ("auto", "none", "warm", "hot")
+HOT_SHARE = 0.5  # `auto`: two copies within this share of the device's memory
+HOT_FITS = 0.9  # `hot` asked for: two copies must fit this share at least
 GIVE_UP = 3  # failed spares in a row
 BACKOFF = 5.0  # seconds before another try, times the failures so far
 
@@ -31,7 +37,9 @@ Check = Callable[[WorkerLink], Awaitable[Fault | None]]  # the canary against go
 
 class Standby:
     def __init__(self, mode: str, spawn: Spawn, check: Check, load_timeout: float) -> None:
-        self.mode = mode
+        self.asked = mode
+        self.mode = "none" if mode == "none" else "warm"  # until the model's size is known
+        self.why = "not chosen yet: the model's size is known once it loads"
         self.link: WorkerLink | None = None
         self.warm = False  # the spare in `link` has no model yet
         self.state: str | None = None  # starting, ready, failed; None without a spare
@@ -43,7 +51,19 @@ class Standby:
         self._failures = 0
 
     def summary(self) -> dict[str, object]:
-        return {"mode": self.mode, "state": self.state, "pid": self.link.pid if self.link else None}
+        return {
+            "mode": self.mode,
+            "asked": self.asked,
+            "why": self.why,
+            "state": self.state,
+            "pid": self.link.pid if self.link else None,
+        }
+
+    def choose(self, model_bytes: int, memory_bytes: int) -> None:
+        """Settle the mode once the model's size is known (`memory_bytes`: the device's,
+        or its recommended working set)."""
+        self.mode, self.why = choose(self.asked, model_bytes, memory_bytes)
+        log.info("standby %s: %s", self.mode, self.why)
 
     def refill(self) -> None:
         """Start a spare unless one is there or on its way."""
@@ -52,17 +72,17 @@ class Standby:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._bring_up())
 
-    def demote(self) -> None:
-        """Two copies of the model do not fit: keep a warm spare instead of a hot one."""
-        self.mode = "warm"
-
-    async def take(self) -> tuple[WorkerLink, bool] | None:
-        """The spare ready to be promoted, and whether it is warm (waiting for one still
-        starting), or None."""
+    async def take(self, within: float) -> tuple[WorkerLink, bool] | None:
+        """The spare ready to be promoted, and whether it is warm, or None. One still
+        starting is waited for up to `within` s (a whole bring-up: it started earlier, so
+        it should be ready sooner than a new worker would); past that it is given up."""
         if self.state == "starting":
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._settled.wait(), self._load_timeout)
+                await asyncio.wait_for(self._settled.wait(), within)
         if self.state != "ready" or self.link is None or self.link.failure.done():
+            if self.state == "starting":
+                await self.close()
+                self.link, self.state = None, None
             return None
         if self._task is not None:
             self._task.cancel()  # it watches this spare, which is the serving worker now
@@ -105,3 +125,20 @@ class Standby:
                 self.link, self.state = None, "failed"
                 self._settled.set()
                 await asyncio.sleep(BACKOFF * self._failures)
+
+
+def choose(asked: str, model_bytes: int, memory_bytes: int) -> tuple[str, str]:
+    """The standby mode to run and why, from what was asked and the sizes."""
+    two, gib = 2 * model_bytes, 2**30
+    sizes = f"two copies of the model take {two / gib:.1f} of {memory_bytes / gib:.1f} GiB"
+    if asked == "none":
+        return "none", "asked for none"
+    if asked == "warm":
+        return "warm", "asked for warm"
+    if asked == "hot":
+        if two > HOT_FITS * memory_bytes:
+            return "warm", f"asked for hot, but {sizes}: a warm spare instead"
+        return "hot", "asked for hot"
+    if two <= HOT_SHARE * memory_bytes:
+        return "hot", f"auto: {sizes}, within {HOT_SHARE:.0%}"
+    return "warm", f"auto: {sizes}, over {HOT_SHARE:.0%}"

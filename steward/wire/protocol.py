@@ -60,23 +60,6 @@ class Generate(_Msg):
             self.repetition_penalty != 1.0
         )
 
-    @property
-    def plain(self) -> bool:
-        """Decoded as the canary is: nothing shapes its logits (a grammar, penalties,
-        `logit_bias`) or truncates them (top_p, top_k, min_p: top_p sorts the vocabulary
-        each token, which halves a small model's speed on a CPU), and nothing more is read
-        per token (logprobs). Its speed says how fast the backend is, not what the request
-        asked of it."""
-        return (
-            self.grammar is None
-            and self.logprobs < 0
-            and not self.logit_bias
-            and not self.penalised
-            and self.top_p == 1.0
-            and self.top_k <= 0
-            and self.min_p == 0.0
-        )
-
 
 class Cancel(_Msg):
     """The client went away: stop generating for it."""

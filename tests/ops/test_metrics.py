@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -9,27 +10,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from steward.ops.metrics import Metrics
 from steward.supervisor.faults import Fault, FaultClass, Outcome
+from steward.supervisor.snapshot import Snapshot
 from steward.supervisor.state import State
 from steward.wire.protocol import Done
 
-
-class FakeBatch:
-    limit = 32
-
-    def __len__(self) -> int:
-        return 0
+STARTING = Snapshot(
+    State.STARTING, "m", 1, 7, 1, 1, True, 1.0, 0, None, 0, 0, {}, 0, 32, 0, 0, None, 0, 0, 0
+)
 
 
 @pytest.fixture
 def supervisor() -> SimpleNamespace:
-    fake = SimpleNamespace(
-        state=State.STARTING,
-        queue=[],
-        link=SimpleNamespace(generation=1),
-        intensity=SimpleNamespace(in_window=lambda: 0),
-        batch=FakeBatch(),
-    )
-    fake.status = lambda: fake.state
+    """What Metrics reads of a supervisor: its snapshot, and nothing else."""
+    fake = SimpleNamespace(now=STARTING)
+    fake.snapshot = lambda: fake.now
     return fake
 
 
@@ -63,9 +57,13 @@ def test_scrape_time_gauges_follow_the_supervisor(supervisor: SimpleNamespace) -
     assert value(samples, "steward_worker_generation") == 1
     assert value(samples, "steward_restarts_in_window") == 0
 
-    supervisor.state, supervisor.queue = State.RECOVERING, [1, 2, 3]
-    supervisor.link.generation = 3
-    supervisor.intensity.in_window = lambda: 2
+    supervisor.now = dataclasses.replace(
+        STARTING,
+        status=State.RECOVERING,
+        queue_depth=3,
+        worker_generation=3,
+        restarts_in_window=2,
+    )
     samples = scrape(metrics)
     assert value(samples, "steward_state", state="recovering") == 1
     assert sum(v for k, v in samples.items() if k[0] == "steward_state") == 1

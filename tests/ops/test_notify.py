@@ -38,7 +38,10 @@ def received(sock: socket.socket) -> list[list[str]]:
 
 
 def supervisor(state: State = State.STARTING) -> SimpleNamespace:
-    return SimpleNamespace(state=state)
+    """A stand-in whose snapshot's status is its `state`."""
+    fake = SimpleNamespace(state=state)
+    fake.snapshot = lambda: SimpleNamespace(status=fake.state)
+    return fake
 
 
 def run_for(notifier: Notifier, seconds: float, alive: Callable[[], bool] = lambda: True):

@@ -14,7 +14,10 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from steward.supervisor.faults import Fault, FaultClass
+from steward.supervisor.link import Sink
 from steward.wire.protocol import (
     Cancel,
     Done,
@@ -28,7 +31,7 @@ from steward.wire.protocol import (
 )
 from steward.wire.settings import WorkerSettings
 
-GOLDEN = (11, 12, 13)
+GOLDEN = tuple(range(11, 19))  # the canary's MAX_TOKENS
 TOKENS = 4  # a request's answer
 ANSWER_AFTER = 0.02  # seconds
 
@@ -40,6 +43,11 @@ class Script:
     canaries: list[str] = field(default_factory=list)  # "pass" (default), "fail", "mismatch"
     faults: dict[int, list[FaultClass | None]] = field(default_factory=dict)  # by seq, attempt
     sent_before_fault: int = 1  # tokens a faulting request emits before the fault
+    poison: set[int] = field(default_factory=set)  # seqs that poison the worker, any attempt
+    poison_after: int = 0  # tokens a poison request's first attempt emits before its fault
+    gate: asyncio.Event | None = None  # set: answers wait for it after their first token
+    prefill: dict[int, int] = field(default_factory=dict)  # seq -> tokens it says it prefills
+    delay: dict[int, float] = field(default_factory=dict)  # seq -> seconds before its answer
     model_bytes: int = 2**30
     memory_bytes: int = 24 * 2**30
     links: list[FakeLink] = field(default_factory=list)
@@ -64,6 +72,8 @@ class FakeLink:
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
         self.heartbeat = self.progress = time.monotonic()
         self.killed = False
+        self.stopped = False  # asked politely
+        self.poisoned = False  # every later call raises, its canary too (SPEC §6 `poison`)
         self.loop = asyncio.get_running_loop()
 
     async def loaded(self, timeout: float, what: str = "") -> Ready | Warm:
@@ -81,42 +91,71 @@ class FakeLink:
     def silent_for(self) -> float:
         return 0.0
 
+    @property
+    def alive(self) -> bool:
+        return not self.killed
+
     async def kill(self) -> None:
         self.killed = True
 
     async def stop(self, timeout: float) -> None:
-        self.killed = True
+        self.killed = self.stopped = True
 
     def send(self, msg: ToWorker) -> None:
         if isinstance(msg, Load):
             self.warm = False
         if isinstance(msg, Cancel) and (sink := self.sinks.pop(msg.id, None)):
-            self.loop.call_soon(sink[1], Done(msg.id, "cancelled", 3, 0, 0.0, 0.0))
+            self.loop.call_soon(sink.finished, Done(msg.id, "cancelled", 3, 0, 0.0, 0.0))
 
-    def start(self, req: Generate, on_token, on_finish) -> None:
-        self.sinks[req.id] = (on_token, on_finish)
+    def start(self, req: Generate, sink: Sink) -> None:
+        self.sinks[req.id] = sink
         if req.id < 0:
             self.loop.call_soon(self._canary, req)
             return
-        self.script.started.append(req)
-        self.script.in_flight.append(sum(1 for i in self.sinks if i >= 0))
-        plan = self.script.faults.get(req.seq, [])
+        s = self.script
+        s.started.append(req)
+        s.in_flight.append(sum(1 for i in self.sinks if i >= 0))
+        if req.seq in s.prefill:
+            sink.admitted(s.prefill[req.seq])
+        if self.poisoned or req.seq in s.poison:
+            self.poisoned = True
+            sent = s.poison_after if req.seq in s.poison and req.attempt == 1 else 0
+            self.loop.call_soon(self._answer, req, FaultClass.GPU_TIMEOUT, sent)
+            return
+        plan = s.faults.get(req.seq, [])
         fault = plan[req.attempt - 1] if req.attempt <= len(plan) else None
-        if fault is None:
-            self.loop.call_later(ANSWER_AFTER, self._answer, req, None)
+        if fault is not None:
+            self.loop.call_soon(self._answer, req, fault, s.sent_before_fault)
+        elif s.gate is not None:
+            self.loop.call_soon(self._first, req)
         else:
-            self.loop.call_soon(self._answer, req, fault)
+            self.loop.call_later(s.delay.get(req.seq, ANSWER_AFTER), self._answer, req, None)
+
+    def _first(self, req: Generate) -> None:
+        """A token at once, the rest once the gate opens."""
+        if req.id not in self.sinks:
+            return
+        start = 100 + len(req.resume)
+        self._emit(req, [start], None)
+        gate = self.script.gate
+        assert gate is not None
+
+        async def later() -> None:
+            await gate.wait()
+            self._answer(msgspec.structs.replace(req, resume=[*req.resume, start]), None)
+
+        self.loop.create_task(later())
 
     def _canary(self, req: Generate) -> None:
         outcome = self.script.canaries.pop(0) if self.script.canaries else "pass"
         self.canaries.append(outcome)
-        if outcome == "fail":
+        if outcome == "fail" or self.poisoned:
             self._fail(FaultClass.GPU_TIMEOUT)
             return
-        tokens = GOLDEN if outcome == "pass" else (9, 9, 9)
+        tokens = GOLDEN if outcome == "pass" else (9,) * len(GOLDEN)
         self._emit(req, tokens, Done(req.id, "length", 5, len(tokens), 0.01, 10.0))
 
-    def _answer(self, req: Generate, fault: FaultClass | None) -> None:
+    def _answer(self, req: Generate, fault: FaultClass | None, sent: int = 0) -> None:
         if req.id not in self.sinks:
             return
         done = len(req.resume)
@@ -125,17 +164,18 @@ class FakeLink:
             batch = sum(1 for i in self.sinks if i >= 0)
             self._emit(req, tokens, Done(req.id, "length", 3, TOKENS, 0.01, 20.0, batch=batch))
             return
-        self._emit(req, range(100 + done, 100 + done + self.script.sent_before_fault), None)
+        self._emit(req, range(100 + done, 100 + done + sent), None)
         if fault is not FaultClass.STALL:  # a stall says nothing at all
             self._fail(fault)
 
     def _emit(self, req: Generate, tokens, done: Done | Rejected | None) -> None:
-        on_token, on_finish = self.sinks[req.id]
+        sink = self.sinks[req.id]
         for token in tokens:
-            on_token(Token(req.id, token, f" t{token}"))
+            self.progress = time.monotonic()
+            sink.token(Token(req.id, token, f" t{token}"))
         if done is not None:
             del self.sinks[req.id]
-            on_finish(done)
+            sink.finished(done)
 
     def _fail(self, cls: FaultClass) -> None:
         self.script.faulted_at.append(len(self.script.started))

@@ -7,60 +7,17 @@ real processes and MLX; these cover every branch.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from steward.config import ServeConfig
 from steward.errors import ApiError
-from steward.model.resolve import ModelSource
 from steward.supervisor.faults import FaultClass, Outcome
-from steward.supervisor.jobs import Job
 from steward.supervisor.state import State
-from steward.supervisor.supervisor import Supervisor
-from steward.wire.protocol import Done, Generate, Token
+from steward.wire.protocol import Done
 from tests.supervisor.fakelink import TOKENS, Script
+from tests.supervisor.harness import outcome, run, start, submit, until
 
-SOURCE = ModelSource("gguf", Path("fake.gguf"), "fake")
 C = FaultClass
-
-
-async def until(check: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
-
-
-async def start(script: Script, **config: Any) -> Supervisor:
-    settings = {"stall_timeout": 0.3, "queue_timeout": 5.0, "standby": "none", **config}
-    supervisor = Supervisor(ServeConfig(**settings), SOURCE, [], spawn=script.spawn)
-    supervisor.start()
-    await until(lambda: supervisor.state.serving)
-    return supervisor
-
-
-def submit(supervisor: Supervisor, i: int, stream: bool = False, digest: str = "") -> Job:
-    request = Generate(id=0, seq=0, attempt=0, max_tokens=TOKENS, prompt=f"prompt {i}")
-    return supervisor.submit(request, 8, f"req-{i}", digest or f"payload-{i}", stream)
-
-
-async def outcome(job: Job) -> tuple[list[int], Done | ApiError]:
-    """What the client got: streamed token ids, then the end."""
-    tokens = []
-    while True:
-        event = await asyncio.wait_for(job.events.get(), 5.0)
-        if isinstance(event, Token):
-            tokens.append(event.token)
-        else:
-            return tokens, event
-
-
-def run(scenario: Callable[[], Any]) -> Any:
-    return asyncio.run(scenario())
 
 
 @pytest.mark.parametrize(
@@ -82,7 +39,7 @@ def test_a_fault_alone_is_replayed_on_a_kept_or_new_worker(cls, canary, worker, 
         supervisor = await start(script)
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, Done) and end.completion_tokens == TOKENS  # replayed
-        fault = supervisor.faults[-1]
+        fault = supervisor.faults.last
         assert (fault.cls, fault.outcome, supervisor.link.generation) == (cls, worker, generation)
         assert fault.request_id == "req-1"
         assert supervisor.state is State.DEGRADED
@@ -95,7 +52,7 @@ def test_an_allocation_failure_alone_that_the_canary_clears_is_507():
         supervisor = await start(Script(faults={1: [C.OOM]}))
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, ApiError) and end.type == "insufficient_memory"
-        assert supervisor.faults[-1].outcome is Outcome.KEPT
+        assert supervisor.faults.last.outcome is Outcome.KEPT
 
     run(scenario)
 
@@ -107,27 +64,8 @@ def test_an_allocation_failure_in_a_batch_halves_it_and_replays_all():
         jobs = [submit(supervisor, i) for i in range(1, 4)]
         ends = [end for _, end in [await outcome(job) for job in jobs]]
         assert all(isinstance(end, Done) for end in ends)
-        assert supervisor.batch.limit == 16
-        assert supervisor.faults[-1].outcome is Outcome.KEPT
-
-    run(scenario)
-
-
-def test_suspects_of_a_batch_fault_run_alone_one_at_a_time():
-    async def scenario() -> None:
-        script = Script(faults={2: [C.GPU_TIMEOUT]})
-        supervisor = await start(script, max_batch=4)
-        jobs = [submit(supervisor, i) for i in range(1, 7)]  # 5 and 6 wait in the queue
-        ends = [end for _, end in [await outcome(job) for job in jobs]]
-        assert all(isinstance(end, Done) for end in ends)
-        fault = script.faulted_at[0]
-        assert script.in_flight[:fault] == [1, 2, 3, 4]  # a batch of four, then the fault
-        replays = [r.seq for r in script.started[fault:]]
-        after = zip(script.in_flight[fault:], replays, strict=True)
-        probation = [n for n, seq in after if seq <= 4]
-        assert set(probation) == {1}  # suspects one at a time, nothing queued beside them
-        assert replays[-2:] == [5, 6]  # the queue waited for probation to end
-        assert not supervisor.quarantine.suspect("payload-2")  # finished alone: acquitted
+        assert supervisor.scheduler.limit == 16
+        assert supervisor.faults.last.outcome is Outcome.KEPT
 
     run(scenario)
 
@@ -141,7 +79,7 @@ def test_a_payload_at_its_second_fault_is_quarantined_with_its_twins():
         with pytest.raises(ApiError) as twin:
             submit(supervisor, 2, digest="poison")
         assert twin.value.type == "request_quarantined"
-        assert supervisor.faults_total == 2 and supervisor.link.generation == 1
+        assert supervisor.faults.total == 2 and supervisor.link.generation == 1
 
     run(scenario)
 
@@ -182,7 +120,7 @@ def test_a_spent_recovery_budget_exits_75_and_says_so_to_every_client():
         assert isinstance(end, ApiError) and end.type == "backend_unavailable"
         assert await asyncio.wait_for(supervisor.exit_code, 5) == 75
         assert supervisor.status() is State.FAILED
-        assert supervisor.faults[-1].outcome is Outcome.EXIT
+        assert supervisor.faults.last.outcome is Outcome.EXIT
 
     run(scenario)
 
@@ -205,7 +143,7 @@ def test_a_replacement_that_cannot_pass_its_canary_twice_exits_75():
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, ApiError)
         assert await asyncio.wait_for(supervisor.exit_code, 5) == 75
-        outcomes = [fault.outcome for fault in supervisor.faults]
+        outcomes = [fault.outcome for fault in supervisor.faults.recent]
         assert outcomes.count(Outcome.DISCARDED) == 2
 
     run(scenario)
@@ -231,14 +169,14 @@ def test_a_crash_promotes_the_spare_and_a_new_one_starts_behind(mode, canaries):
     async def scenario() -> None:
         script = Script(faults={1: [C.WORKER_CRASH]})
         supervisor = await start(script, standby=mode)
-        await until(lambda: supervisor.standby.state == "ready")
-        spare = supervisor.standby.link
+        await until(lambda: supervisor.bringup.standby.state == "ready")
+        spare = supervisor.bringup.standby.link
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, Done)
-        assert supervisor.link is spare and supervisor.faults[-1].outcome is Outcome.PROMOTED
-        assert "promoted standby" in supervisor.faults[-1].action
-        await until(lambda: supervisor.standby.state == "ready")  # a new one behind it
-        assert supervisor.standby.link is not spare
+        assert supervisor.link is spare and supervisor.faults.last.outcome is Outcome.PROMOTED
+        assert "promoted standby" in supervisor.faults.last.action
+        await until(lambda: supervisor.bringup.standby.state == "ready")  # a new one behind it
+        assert supervisor.bringup.standby.link is not spare
         # warm: the first worker's and the promoted spare's once loaded; hot: the first
         # worker's and each spare's at its start (a crash is no device fault: no more)
         assert sum(len(link.canaries) for link in script.links) == canaries
@@ -250,8 +188,8 @@ def test_a_hot_spare_runs_the_canary_again_after_a_device_fault():
     async def scenario() -> None:
         script = Script(canaries=["pass", "pass", "fail"], faults={1: [C.GPU_TIMEOUT]})
         supervisor = await start(script, standby="hot")
-        await until(lambda: supervisor.standby.state == "ready")
-        spare = supervisor.standby.link
+        await until(lambda: supervisor.bringup.standby.state == "ready")
+        spare = supervisor.bringup.standby.link
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, Done)
         assert supervisor.link is spare
@@ -264,8 +202,8 @@ def test_hot_falls_back_to_warm_when_two_copies_do_not_fit():
     async def scenario() -> None:
         script = Script(model_bytes=60 * 2**30, memory_bytes=100 * 2**30)
         supervisor = await start(script, standby="hot")
-        assert supervisor.standby.mode == "warm"
-        await until(lambda: supervisor.standby.state == "ready")
+        assert supervisor.bringup.standby.mode == "warm"
+        await until(lambda: supervisor.bringup.standby.state == "ready")
         assert script.links[-1].warm  # the spare holds no model
 
     run(scenario)
@@ -275,7 +213,7 @@ def test_a_promotion_counts_against_the_restart_budget():
     async def scenario() -> None:
         script = Script(faults={1: [C.WORKER_CRASH]})
         supervisor = await start(script, standby="hot", max_restarts=0)
-        await until(lambda: supervisor.standby.state == "ready")
+        await until(lambda: supervisor.bringup.standby.state == "ready")
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, ApiError) and end.type == "backend_unavailable"
         assert await asyncio.wait_for(supervisor.exit_code, 5) == 75
@@ -287,9 +225,9 @@ def test_a_spare_that_fails_is_never_shown_to_clients():
     async def scenario() -> None:
         script = Script(canaries=["pass", "mismatch", "mismatch", "mismatch"])
         supervisor = await start(script, standby="hot")
-        await until(lambda: supervisor.standby.state == "failed")
+        await until(lambda: supervisor.bringup.standby.state == "failed")
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, Done)
-        assert supervisor.faults_total == 0 and supervisor.state is State.READY
+        assert supervisor.faults.total == 0 and supervisor.state is State.READY
 
     run(scenario)

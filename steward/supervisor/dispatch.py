@@ -1,0 +1,154 @@
+"""The job path: sending jobs to the worker, and settling each when the worker says it ended.
+
+Runs on the supervision loop (`start_next`) and on the token path (`finished`, called by the
+worker's line): quick, and nothing here decides about faults. A job's end acquits its
+payload (quarantine.py), which may convict another payload the earlier faults now name:
+its copies still waiting are refused at once. A bug met while starting one job fails that
+job alone (500 `internal_error`); `--inject-fault supervisor:ACTION` stands in for one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+from steward.config import ServeConfig
+from steward.errors import ApiError
+from steward.supervisor import admission
+from steward.supervisor.admission import Admission
+from steward.supervisor.events import Observers
+from steward.supervisor.faults import Fault, FaultLog
+from steward.supervisor.jobs import Event, Job, JobStatus
+from steward.supervisor.link import Sink, WorkerLink
+from steward.supervisor.quarantine import Quarantine
+from steward.supervisor.recovery import Plan
+from steward.supervisor.scheduler import Scheduler
+from steward.supervisor.speeds import Speeds
+from steward.wire.faultspec import FaultSpec, Periods
+from steward.wire.protocol import Cancel, Done, Rejected, prompt_text
+
+log = logging.getLogger("steward.supervisor")
+
+
+class InjectedBug(RuntimeError):
+    """`--inject-fault supervisor:...`: stands for a bug in steward's own code."""
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        config: ServeConfig,
+        specs: list[FaultSpec],
+        scheduler: Scheduler,
+        quarantine: Quarantine,
+        speeds: Speeds,
+        faults: FaultLog,
+        events: Observers,
+        admission: Admission,
+    ) -> None:
+        self.config = config
+        self.specs = specs
+        self.periods = Periods(specs)
+        self.scheduler = scheduler
+        self.quarantine = quarantine
+        self.speeds = speeds
+        self.faults = faults
+        self.events = events
+        self.admission = admission
+        self.busy_since = time.monotonic()  # the batch last went from empty to busy
+        self.current: Job | None = None  # being started: a loop-ending bug fails it
+
+    def start_next(self, link: WorkerLink) -> None:
+        """Start queued jobs (or the next probation group) while the batch has room."""
+        while (job := self.scheduler.next()) is not None:
+            self._start(job, link)
+
+    def end(self, job: Job, event: Event, status: JobStatus = JobStatus.FINISHED) -> None:
+        self.scheduler.ended(job, status)
+        job.push(event)
+
+    def quarantine_waiting(self, digests: list[str]) -> None:
+        """Payloads just quarantined: their copies still waiting are refused now."""
+        for job in self.scheduler.unfinished():
+            if job.digest in digests and not job.running:
+                self._refuse(job)
+
+    def finished(self, job: Job, result: Done | Rejected) -> None:
+        """The worker's last word on a job (on the token path: quick, never raises out)."""
+        self.admission.wake.set()  # the loop has something to decide
+        log.debug("request %s %s", job.request_id, result)
+        if isinstance(result, Rejected):
+            self.end(job, ApiError(result.type, result.message))
+            return
+        if result.finish_reason == "cancelled":
+            self.end(job, result, JobStatus.CANCELLED)
+            return
+        self.end(job, result)
+        self.quarantine_waiting(self.quarantine.acquit(job.digest))  # every copy is innocent
+        self.events.request_done(result)
+        self.admission.pace.finished()
+        self.speeds.finished(job.request, result, whole=job.attempts == 1)
+
+    def carry_out(self, plan: Plan, fault: Fault) -> None:
+        """What recovery decided for the suspects of `fault`."""
+        for job in plan.quarantined:
+            self.events.request_quarantined()
+            error = admission.quarantined(self.config.restart_window, fault)
+            self.end(job, error, JobStatus.QUARANTINED)
+        for job in plan.too_big:
+            self.end(job, admission.too_big(fault))
+        if plan.shrink:
+            self.scheduler.shrink()
+            fault.action += f"; batch limit {self.scheduler.limit}"
+        self.scheduler.requeue(plan.requeue)
+        self.scheduler.probate(plan.groups)
+        if plan.groups:
+            sizes = "+".join(str(len(group)) for group in plan.groups)
+            log.info("fault %s: suspects run again in groups of %s", fault.id, sizes)
+
+    def _refuse(self, job: Job) -> None:
+        self.events.request_quarantined()
+        error = admission.quarantined(self.config.restart_window, self.faults.last)
+        self.end(job, error, JobStatus.QUARANTINED)
+
+    def _start(self, job: Job, link: WorkerLink) -> None:
+        """Send one job to the worker. Anything raised here is a bug in steward that fails
+        this job alone, and the loop goes on."""
+        if self.quarantine.blocked(job.digest):  # a copy convicted while this one waited
+            self._refuse(job)
+            return
+        self.current = job
+        self._inject(job, "crash")  # outside the guard below: a bug that ends the loop
+        try:
+            if error := self.admission.too_long(job):  # queued before the model's bounds were known
+                self.end(job, error)
+                return
+            self._inject(job, "raise")
+            if job.attempts == 0:
+                job.armed = self.periods.arm()
+            job.restart()
+            if not self.scheduler.running:
+                self.busy_since = time.monotonic()
+            self.scheduler.started(job)
+            finished = functools.partial(self.finished, job)
+            link.start(job.message(), Sink(job.add, finished, job.admitted))
+        except Exception as exc:
+            log.error(
+                "bug in steward while starting request %s; it alone fails",
+                job.request_id,
+                exc_info=True,
+                extra={"request_id": job.request_id},
+            )
+            if link.sinks.pop(job.id, None) is not None:
+                link.send(Cancel(job.id))
+            self.end(job, admission.bug(f"{type(exc).__name__}: {exc}"))
+        finally:
+            self.current = None
+
+    def _inject(self, job: Job, action: str) -> None:
+        for spec in self.specs:
+            if (spec.point, spec.action) == ("supervisor", action) and spec.matches(
+                job.seq, job.attempts + 1, prompt_text(job.request), 0
+            ):
+                raise InjectedBug(f"injected supervisor:{action} on request {job.seq}")
