@@ -4,8 +4,10 @@ A real server on a tiny random-weight model with a 64-token context, so no gener
 be long. Schemathesis (its `st` CLI, in a subprocess with a hard time bound) sends what the
 schema allows and what it does not; every answer must conform to the schema the server
 documents, no answer may be a 5xx, every error must be the SPEC §4 envelope
-(tests/front/fuzz_checks.py), and afterwards the server must be `ready` with no fault
-counted: nothing a client sends is a backend fault.
+(tests/front/fuzz_checks.py), and nothing a client sends is a backend fault or changes the
+state (SPEC §5a): no fault counted, no worker replaced, and `/health`, watched throughout,
+never leaves serving (`ready`, or `degraded` without a fault: decode measured slow, which
+on a busy machine it honestly is, is no state change the fuzzer's input caused).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +32,37 @@ CHECKS = (
     "response_schema_conformance",
     "error_envelope",  # ours: tests/front/fuzz_checks.py
 )
-WALL_CLOCK = 300  # seconds: the whole run, however the generation goes
+WALL_CLOCK = 900  # seconds: a guard against a hang, far above what a busy machine needs
+SERVING = ("ready", "degraded")
+
+
+class StateWatch:
+    """Every state `/health` reports while the block runs, in order, repeats dropped."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.seen: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            while not self._stop.is_set():
+                try:
+                    status = client.get("/health").json()["status"]
+                except httpx.TransportError:
+                    status = None  # unanswered is not a state; the checks after will say
+                if status is not None and (not self.seen or self.seen[-1] != status):
+                    self.seen.append(status)
+                time.sleep(0.05)
+
+    def __enter__(self) -> StateWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +95,6 @@ def fuzz(server: Server, workdir: Path) -> subprocess.CompletedProcess[str]:
         "examples,coverage,fuzzing",
         "--max-examples",
         "60",
-        "--max-response-time",
-        "10",
         "--request-timeout",
         "20",
         "--workers",
@@ -87,15 +119,20 @@ def fuzz(server: Server, workdir: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_fuzzing_finds_no_fault_and_no_unenveloped_error(small_server, tmp_path) -> None:
-    run = fuzz(small_server, tmp_path)
+    with StateWatch(small_server.url) as watch:
+        run = fuzz(small_server, tmp_path)
     saved = Path(os.environ["STEWARD_TEST_LOGS"]) / f"schemathesis-{small_server.port}.txt"
     saved.write_text(run.stdout + run.stderr)
-    health = httpx.get(small_server.url + "/health", timeout=5).json()
+    health = httpx.get(small_server.url + "/health", timeout=30).json()
     problems = []
-    if health["status"] != "ready" or health["faults"]["total"] != 0:
-        problems.append(f"/health after fuzzing: {health['status']}, faults {health['faults']}")
-    if health["worker"]["generation"] != 1:
+    if health["faults"]["total"] != 0:
+        problems.append(f"faults after fuzzing: {health['faults']}")
+    if health["worker"]["generation"] != 1 or health["restarts_in_window"] != 0:
         problems.append(f"the worker was replaced: {health['worker']}")
+    states = [*watch.seen, health["status"]]
+    if any(state not in SERVING for state in states):
+        speeds = health.get("decode_tps")
+        problems.append(f"states while fuzzing: {' -> '.join(states)} (decode tok/s {speeds})")
     if run.returncode != 0:
         problems.append(f"schemathesis exited {run.returncode} (all of it in {saved}):")
         problems.append(run.stdout[-12000:] + run.stderr[-3000:])
