@@ -172,7 +172,7 @@ class BringUp:
     async def _promote(self, fault: Fault | None) -> bool:
         """The spare serves: a warm one loads the model first; a hot one runs the canary
         again when the fault may be the device's, which it shares."""
-        spare = await self.standby.take(within=self.seconds)
+        spare = await self.standby.take()
         if spare is None:
             return False
         link, warm = spare

@@ -72,17 +72,14 @@ class Standby:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._bring_up())
 
-    async def take(self, within: float) -> tuple[WorkerLink, bool] | None:
+    async def take(self) -> tuple[WorkerLink, bool] | None:
         """The spare ready to be promoted, and whether it is warm, or None. One still
-        starting is waited for up to `within` s (a whole bring-up: it started earlier, so
-        it should be ready sooner than a new worker would); past that it is given up."""
+        starting is waited for: it began before the fault, so it is ready sooner than a
+        worker started now would be (bounded by --load-timeout, like any load)."""
         if self.state == "starting":
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._settled.wait(), within)
+                await asyncio.wait_for(self._settled.wait(), self._load_timeout)
         if self.state != "ready" or self.link is None or self.link.failure.done():
-            if self.state == "starting":
-                await self.close()
-                self.link, self.state = None, None
             return None
         if self._task is not None:
             self._task.cancel()  # it watches this spare, which is the serving worker now

@@ -61,5 +61,9 @@ def test_no_spare_outlives_a_killed_front(serve, tiny_model) -> None:
 def test_without_a_spare_health_says_so(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--standby", "none")
     server.wait()
-    assert server.health().json()["standby"] == {"mode": "none", "state": None, "pid": None}
+    standby = server.health().json()["standby"]
+    assert standby == {"mode": "none", "asked": "none", "why": "asked for none"} | {
+        "state": None,
+        "pid": None,
+    }
     assert httpx.get(server.url + "/health/live").status_code == 200
