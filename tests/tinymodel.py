@@ -50,13 +50,37 @@ def build_tiny_model(
     vocab, special = take_tokenizer(out, tokenizer_dir)
     kv_heads, ffn = kv_heads or heads // 2, ffn or 2 * hidden
     shape = Llama(vocab, hidden, layers, heads, kv_heads, ffn, context, tied=True)
-    normal = shape.write_config(out)
-    embed = normal(vocab, hidden)
-    embed[special] = 0
-    weights = {"model.embed_tokens.weight": embed, "model.norm.weight": shape.ones}
-    for i in range(layers):
-        weights |= shape.layer(i, normal)
-    save(out, weights, dtype)
+    save(out, shape.random(shape.write_config(out), special), dtype)
+    return out
+
+
+END_LOGIT = 64.0  # EOS's logit, before the final norm's scale: far above any random one
+
+
+def build_eos_model(out: Path, tokenizer_dir: Path) -> Path:
+    """A random llama whose greedy answer to any prompt is its end token at once, as a model
+    that answers with end-of-turn does: only generation with end tokens suppressed (the
+    canary's) gets tokens from it, and those are the random model's own.
+
+    Dimension 0 of the residual stream is 1 for every token and no layer writes to it; the
+    untied `lm_head` reads it only for EOS, with a weight that always wins; its other rows
+    are the embedding's without dimension 0."""
+    from transformers import AutoTokenizer
+
+    vocab, special = take_tokenizer(out, tokenizer_dir)
+    shape = Llama(vocab, 64, 2, heads=4, kv_heads=2, ffn=128, context=2048, tied=False)
+    weights = shape.random(shape.write_config(out), special)
+    embed = weights["model.embed_tokens.weight"]
+    embed[:, 0] = 1
+    for name, weight in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weight[0] = 0  # the layer's output in dimension 0
+    head = embed.copy()
+    head[:, 0] = 0
+    eos = AutoTokenizer.from_pretrained(str(out)).eos_token_id
+    head[eos] = 0
+    head[eos, 0] = END_LOGIT
+    save(out, weights | {"lm_head.weight": head})
     return out
 
 
@@ -76,6 +100,18 @@ class Llama:
     @property
     def ones(self) -> np.ndarray:
         return np.ones(self.hidden, dtype=np.float32)
+
+    def random(
+        self, normal: Callable[..., np.ndarray], special: list[int]
+    ) -> dict[str, np.ndarray]:
+        """Every weight but an untied `lm_head`, seeded random; the `special` tokens' rows
+        of the embedding are zero."""
+        embed = normal(self.vocab, self.hidden)
+        embed[special] = 0
+        weights = {"model.embed_tokens.weight": embed, "model.norm.weight": self.ones}
+        for i in range(self.layers):
+            weights |= self.layer(i, normal)
+        return weights
 
     def write_config(self, out: Path) -> Callable[..., np.ndarray]:
         """Write config.json; the seeded draw of normal weights, scaled by fan-in."""
@@ -228,6 +264,41 @@ def build_scripted_model(
     }
     save(out, weights)
     return out
+
+
+THINK_MARKERS = ("<think>", "</think>")  # what mlx-lm detects a thinking model by
+THINKING = " Let me see"  # the thinking model's thinking, then its answer
+ANSWER = " Paris indeed"
+
+
+def thinking_template(opens: bool) -> str:
+    """A chat template that marks thinking as Qwen3's does: `enable_thinking` false closes an
+    empty thinking block in the generation prompt; with `opens`, the generation prompt opens
+    the block otherwise (as DeepSeek-R1's and Qwen3-Thinking's do)."""
+    thinking = "<think>" if opens else ""
+    return (
+        "{%- for message in messages %}<|im_start|>{{ message.role }}\n"
+        "{{ message.content }}<|im_end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think></think>"
+        f"{{%- else %}}{thinking}{{% endif %}}{{% endif %}}"
+    )
+
+
+def build_thinking_model(out: Path, tokenizer_dir: Path, *, opens: bool = False) -> Path:
+    """A llama whose tokenizer marks thinking (`<think>`, `</think>`) and whose greedy
+    answer to any chat is `<think>` THINKING `</think>` ANSWER, then EOS (a scripted model:
+    `build_scripted_model`). With thinking disabled (`enable_thinking=False`) the template
+    closes the block itself and the answer is ANSWER alone; with `opens`, the template opens
+    the block and the model goes on from there: the same answer."""
+    text = THINKING + "</think>" + ANSWER
+    return build_scripted_model(
+        out,
+        tokenizer_dir,
+        text if opens else "<think>" + text,
+        chat_template=thinking_template(opens),
+        added=THINK_MARKERS,
+    )
 
 
 if __name__ == "__main__":

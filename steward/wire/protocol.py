@@ -50,7 +50,9 @@ class Generate(_Msg):
     images: list[bytes] = []  # encoded, validated and downscaled by the front, in part order
     resume: list[int] = []  # after a fault: the answer's tokens the client already has
     ignore_eos: bool = False  # end tokens suppressed: exactly max_tokens tokens (the canary)
-    thinking: bool | None = None  # a thinking model: None its template's default, else on/off
+    # A thinking model's `enable_thinking` for the template: None on (mlx-lm's rule), else as
+    # said. Only a chat answer with no grammar is split into thinking and answer (`Token`).
+    thinking: bool | None = None
     armed: list[int] = []  # fault-injection specs with a period that fire on this request
 
     @property
@@ -91,7 +93,7 @@ class Ready(_Msg):
     model_bytes: int = 0  # the device memory the loaded model takes
     memory_bytes: int = 0  # the device's memory (the machine's, where it has none apart)
     working_set_bytes: int = 0  # the device's recommended working set (Metal), 0 if none
-    thinking: bool = False  # the template and tokenizer mark thinking (mlx-lm's detection)
+    thinking: bool = False  # the tokenizer marks thinking (mlx-lm's detection: `<think>`, ...)
 
 
 class Warm(_Msg):
@@ -143,7 +145,8 @@ class CallDelta(_Part):
 class Token(_Msg):
     """`token` is -1 for text that is no token of its own (a stop string's held text).
     `text` is the answer's; `reasoning` the thinking text this token adds (a thinking
-    model), never parsed for tool calls or stop strings."""
+    model), never parsed for tool calls or stop strings. A thinking marker's token adds
+    text to neither."""
 
     id: int
     token: int
@@ -154,8 +157,10 @@ class Token(_Msg):
 
 
 class Admitted(_Part):
-    """A request the worker took in: `prefill` prompt tokens to compute (the prompt cache's
-    share not counted), so the front knows how long its silence may honestly last."""
+    """A request the worker took in: `prefill` tokens to compute before its first token (its
+    prompt and resumed answer, less what the prompt cache held), so the front knows how long
+    its silence may honestly last. Sent before that prefill begins; never after a `Failed`
+    that names the request."""
 
     id: int
     prefill: int
@@ -173,7 +178,7 @@ class Done(_Msg):
     decode_tps: float
     cached_tokens: int = 0
     batch: int = 1
-    reasoning_tokens: int = 0  # of completion_tokens, those that were thinking
+    reasoning_tokens: int = 0  # of completion_tokens, those that were thinking (markers too)
 
 
 class Rejected(_Msg):

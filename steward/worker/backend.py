@@ -19,10 +19,12 @@ from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from steward.wire.protocol import Generate, Rejected
+from steward.worker.answer import Answer
 from steward.worker.grammar import BatchStep, Grammars
 from steward.worker.injection import Injector
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Logprobs
+from steward.worker.reasoning import ReasoningSplit, split_for
 from steward.worker.toolcalls import ToolCalls
 
 
@@ -62,6 +64,21 @@ class Shaping:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size(model, tokenizer)
         self.grammars = Grammars(tokenizer._tokenizer, sorted(tokenizer.eos_token_ids))
+        self.end_tokens = set(tokenizer.eos_token_ids)  # what `ignore_eos` suppresses
+
+    @property
+    def thinking(self) -> bool:
+        """The model marks its thinking (mlx-lm's detection, from the tokenizer)."""
+        return bool(self.tokenizer.has_thinking)
+
+    def template_options(self, req: Generate) -> dict[str, Any]:
+        """What the chat template is given besides the messages: the tools, and thinking on
+        or off (`enable_thinking`, which a template that has no thinking ignores): as the
+        request says, else on where the model marks thinking. (mlx-lm's rule when unsaid;
+        mlx-vlm's would be off, so it is always said.)"""
+        options: dict[str, Any] = {"tools": req.tools} if req.tools else {}
+        thinking = self.thinking if req.thinking is None else req.thinking
+        return options | {"enable_thinking": thinking}
 
     @functools.cached_property
     def logprobs(self) -> Logprobs:
@@ -73,8 +90,24 @@ class Shaping:
         if bad := [t for t in req.logit_bias if t >= self.vocab_size]:
             raise ValueError(f"logit_bias: token {bad[0]} is not in the vocabulary")
         grammar = self.grammars.start(req.grammar, list(req.resume)) if req.grammar else None
-        processor = Processor(req, grammar)
+        processor = Processor(req, grammar, self.end_tokens if req.ignore_eos else ())
         return processor if processor.shapes else None
+
+    def answer(self, req: Generate, prompt: list[int]) -> Answer:
+        """How the answer to a prompt of these ids reaches the client (answer.py), past the
+        tokens it already has."""
+        split = self.reasoning_split(req, prompt)
+        answer = Answer(self.tokenizer.detokenizer, req.stop, self.tool_calls(req), split)
+        answer.resume(req.resume)
+        return answer
+
+    def reasoning_split(self, req: Generate, prompt: list[int]) -> ReasoningSplit | None:
+        """A chat answer of a thinking model is split into thinking and answer; a raw
+        completion is the model's text as it comes, and an answer under a grammar is all
+        answer (the grammar allows no thinking)."""
+        if req.messages is None or req.grammar is not None:
+            return None
+        return split_for(self.tokenizer, prompt)
 
     def tool_calls(self, req: Generate) -> ToolCalls | None:
         """How the answer's tool calls are found, if it may make any."""
@@ -101,10 +134,9 @@ class Backend(Shaping):
 
     def encode(self, req: Generate) -> list[int]:
         if req.messages is not None:
-            tools = {"tools": req.tools} if req.tools else {}
             return list(
                 self.tokenizer.apply_chat_template(
-                    req.messages, add_generation_prompt=True, **tools
+                    req.messages, add_generation_prompt=True, **self.template_options(req)
                 )
             )
         return list(self.tokenizer.encode(req.prompt or ""))

@@ -24,8 +24,17 @@ from typing import Any, NamedTuple
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
-from steward.wire.protocol import Done, Generate, Logprob, Rejected, Step, Token, prompt_text
-from steward.worker.answer import Answer, segments
+from steward.wire.protocol import (
+    Admitted,
+    Done,
+    Generate,
+    Logprob,
+    Rejected,
+    Step,
+    Token,
+    prompt_text,
+)
+from steward.worker.answer import Answer
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
 from steward.worker.grammar import RESIDENT, Masked
 from steward.worker.logits import Processor
@@ -64,7 +73,6 @@ class Member:
     req: Generate
     prompt_tokens: int
     cached_tokens: int
-    detokenizer: Any
     answer: Answer
     processor: Processor | None
     admitted: float
@@ -107,8 +115,10 @@ class Engine:
     def busy(self) -> bool:
         return bool(self.members or self.finished or self.solo or self.waiting)
 
-    def add(self, req: Generate) -> Rejected | None:
-        """Join the batch, or the request's own 400 (it cannot be prepared or fit)."""
+    def add(self, req: Generate) -> Admitted | Rejected:
+        """Join the batch (and how many tokens it prefills: its prompt and resumed answer,
+        less what the prompt cache holds), or the request's own 400 (it cannot be prepared
+        or fit)."""
         backend = self.backend
         try:
             prompt = backend.encode(req)
@@ -132,19 +142,18 @@ class Engine:
             req,
             len(prompt),
             min(held, len(prompt)),  # what usage reports: of the prompt
-            backend.tokenizer.detokenizer,
-            Answer(req.stop, backend.tool_calls(req)),
+            backend.answer(req, prompt),
             processor,
             time.perf_counter(),
             marked,
             count=len(req.resume),
             resumed=len(req.resume),
         )
-        member.answer.resume(segments(member.detokenizer, req.resume))
         max_tokens = (req.max_tokens or backend.context_length - len(prompt)) - member.count
         if max_tokens < 1:  # the fault struck after the last token: nothing is left to do
             self.finished.append(self._done(member, "length"))
-            return None
+            return Admitted(req.id, 0)
+        admitted = Admitted(req.id, len(rest))
         draw = sampler(req, position=len(req.resume))
         processors = [processor] if processor is not None else []
         if self.solo is None and not self.members:
@@ -152,14 +161,14 @@ class Engine:
                 backend.model, tokens, cache, held, draw, processors, max_tokens, PREFILL_STEP
             )
             self.solo = (member, solo)
-            return None
+            return admitted
         self._handover()
         joining = Waiting(member, tokens, draw, processors, max_tokens)
         if (leader := self.prefilling.get(tuple(tokens))) is not None:
             self.waiting.setdefault(leader, []).append(joining)  # `n` choices, for one
-            return None
+            return admitted  # silent while the one it waits for prefills
         self._join(joining, cache, rest)
-        return None
+        return admitted
 
     def cancel(self, req_id: int) -> None:
         if self.solo is not None and self.solo[0].req.id == req_id:
@@ -267,15 +276,10 @@ class Engine:
             member.first = member.first or now
             if member.count > 1:  # not its first token
                 self.backend.injector.hit("decode", req.seq, req.attempt, member.marked, req.armed)
-            member.detokenizer.add_token(out.token)
-        if out.finish_reason:
-            member.detokenizer.finalize()
-        piece, calls, finish = member.answer.feed(
-            member.detokenizer.last_segment, out.finish_reason
-        )
-        if piece or real or calls:
-            tokens.append(Token(req.id, int(out.token) if real else -1, piece, logprob, calls))
-        return finish
+        piece = member.answer.feed(int(out.token) if real else None, out.finish_reason)
+        if real or not piece.empty:
+            tokens.append(piece.token(req.id, int(out.token) if real else -1, logprob))
+        return piece.finish
 
     def _solo_step(self) -> Step:
         assert self.solo is not None
@@ -379,6 +383,7 @@ class Engine:
             decode_tps=(new - 1) / (now - member.first) if new > 1 else 0.0,
             cached_tokens=member.cached_tokens,
             batch=member.batch,
+            reasoning_tokens=member.answer.reasoning_tokens,
         )
 
     def _cached(self, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:

@@ -1,5 +1,9 @@
-"""What shapes one request's distribution before it is sampled: `logit_bias`, the
-presence, frequency and repetition penalties, and the grammar's mask.
+"""What shapes one request's distribution before it is sampled: `logit_bias`, the end
+tokens suppressed (`ignore_eos`), the presence, frequency and repetition penalties, and the
+grammar's mask.
+
+An end token is suppressed by a bias of -inf: it is never sampled, so every path (the batch,
+a request alone, mlx-vlm's loop) generates `max_tokens` tokens without a stop rule of its own.
 
 mlx-lm calls a processor as `processor(tokens, logits)` before each sampling, with the
 token just fed last. The processor counts the answer's tokens itself, on the device, so
@@ -17,6 +21,8 @@ grammar is fed and the mask computed on a thread while the model call is launche
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import mlx.core as mx
 
 from steward.wire.protocol import Generate
@@ -24,12 +30,12 @@ from steward.worker.grammar import Grammar
 
 
 class Processor:
-    def __init__(self, req: Generate, grammar: Grammar | None) -> None:
-        self.bias = (
-            (mx.array(list(req.logit_bias)), mx.array(list(req.logit_bias.values())))
-            if req.logit_bias
-            else None
-        )
+    def __init__(
+        self, req: Generate, grammar: Grammar | None, suppressed: Collection[int] = ()
+    ) -> None:
+        """`suppressed`: the tokens never to sample (the end tokens, for `ignore_eos`)."""
+        bias = req.logit_bias | dict.fromkeys(suppressed, -mx.inf)
+        self.bias = (mx.array(list(bias)), mx.array(list(bias.values()))) if bias else None
         self.presence = req.presence_penalty
         self.frequency = req.frequency_penalty
         self.repetition = req.repetition_penalty

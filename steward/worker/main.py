@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from steward.model.resolve import ModelError, ModelSource, is_vision
 from steward.wire.channel import BlockingChannel
 from steward.wire.protocol import (
+    Admitted,
     Cancel,
     Done,
     Failed,
@@ -85,6 +86,7 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
             1 if vision else settings.max_batch,
             time.perf_counter() - started,
             *_memory(),
+            thinking=backend.thinking,
         )
     )
     inbox: queue.SimpleQueue[ToWorker | None] = queue.SimpleQueue()
@@ -105,8 +107,11 @@ def _serve_batched(
     engine: Engine, inbox: queue.SimpleQueue[ToWorker | None], send: Callable[[FromWorker], None]
 ) -> None:
     """Between steps, let every waiting request join and every cancelled one leave; a
-    fault while joining or stepping fails the whole batch."""
+    fault while joining or stepping fails the whole batch. The requests a pass takes in are
+    announced in one `Step` before the step that starts their prefill, so the front knows
+    how long the silence that follows may honestly last."""
     while True:
+        admitted: list[Admitted] = []
         for msg in _take(inbox, wait=not engine.busy):
             if msg is None or isinstance(msg, Shutdown):
                 return
@@ -115,16 +120,22 @@ def _serve_batched(
                     engine.cancel(msg.id)
                 except Exception as exc:
                     send(_failed(engine.drop_all(), exc))
+                    admitted.clear()  # each of them is in the failure
                 continue
             if not isinstance(msg, Generate):
                 continue
             try:
-                rejected = engine.add(msg)
+                taken = engine.add(msg)
             except Exception as exc:
                 send(_failed([msg.id, *engine.drop_all()], exc))
+                admitted.clear()
                 continue
-            if rejected is not None:
-                send(rejected)
+            if isinstance(taken, Admitted):
+                admitted.append(taken)
+            else:
+                send(taken)
+        if admitted:
+            send(Step(admitted=admitted))
         if engine.busy:
             try:
                 step = engine.step()
@@ -209,13 +220,15 @@ def _wait_warm(channel: BlockingChannel, send: Callable[[FromWorker], None]) -> 
         return False
 
 
-def _memory() -> tuple[int, int]:
-    """(bytes the loaded model takes, the device's bytes): can a second copy fit?"""
+def _memory() -> tuple[int, int, int]:
+    """(bytes the loaded model takes, the device's bytes, its recommended working set, 0
+    where it has none: Metal's): can a second copy fit?"""
     import mlx.core as mx
 
-    device = mx.device_info().get("memory_size")
+    info = mx.device_info()
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return mx.get_active_memory(), int(device or machine)
+    working_set = int(info.get("max_recommended_working_set_size") or 0)
+    return mx.get_active_memory(), int(info.get("memory_size") or machine), working_set
 
 
 def load_backend(source: ModelSource, injector: Injector) -> Backend | VisionBackend:

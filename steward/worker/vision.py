@@ -29,8 +29,8 @@ from mlx_vlm import apply_chat_template, load, stream_generate
 from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 from PIL import Image, UnidentifiedImageError
 
-from steward.wire.protocol import Done, Generate, Rejected, Step, Token, prompt_text
-from steward.worker.answer import Answer, segments
+from steward.wire.protocol import Admitted, Done, Generate, Rejected, Step, prompt_text
+from steward.worker.answer import Answer
 from steward.worker.backend import (
     PREPARE_ERRORS,
     Shaping,
@@ -96,6 +96,8 @@ class VisionBackend(Shaping):
         self.model, self.processor = load(str(model_dir))
         eos = load_config(model_dir).get("eos_token_id")  # as mlx-lm's own `load` finds it
         super().__init__(self.model, load_tokenizer(model_dir, eos_token_ids=eos))
+        stops = getattr(self.processor, "tokenizer", self.processor).stopping_criteria
+        self.end_tokens |= set(stops.eos_token_ids)  # all that mlx-vlm stops on
         self.context_length = context_length(model_dir)
         self.max_token_chars = max_token_chars(self.tokenizer)
 
@@ -103,9 +105,12 @@ class VisionBackend(Shaping):
         """The chat template applied by mlx-vlm (it knows each family's message format)."""
         if req.messages is None:
             return req.prompt or ""
-        tools = {"tools": req.tools} if req.tools else {}
         return apply_chat_template(
-            self.processor, self.model.config, req.messages, num_images=n_images, **tools
+            self.processor,
+            self.model.config,
+            req.messages,
+            num_images=n_images,
+            **self.template_options(req),
         )
 
     def prepare(self, req: Generate, images: Sequence[ImageInput] = ()) -> Prepared:
@@ -164,14 +169,19 @@ class VisionBackend(Shaping):
             processor = self.logits_processor(req)
         except ValueError as exc:
             return Rejected(req.id, "validation_error", str(exc))
+        answer = self.answer(req, inputs.input_ids.flatten().tolist())
         if cancelled():  # the client left while it waited its turn: no prefill for no one
-            return done(req, "cancelled", inputs.prompt_tokens, len(req.resume), start, start)
+            sent = len(req.resume)
+            return done(req, "cancelled", inputs.prompt_tokens, answer, sent, start, start)
         room = self.context_length - inputs.prompt_tokens
-        emit(Step(prefilled=[req.id]))  # preprocessing done: a slow image is not a stall
-        self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req), req.armed)
         left = (req.max_tokens or room) - len(req.resume)
+        # Preprocessing done (a slow image is not a stall); mlx-vlm prefills the prompt and
+        # the resumed tokens whole, with no prompt cache, and says nothing until it is done.
+        prefill = inputs.prompt_tokens + len(req.resume) if left >= 1 else 0
+        emit(Step(prefilled=[req.id], admitted=[Admitted(req.id, prefill)]))
+        self.injector.hit("prefill", req.seq, req.attempt, prompt_text(req), req.armed)
         if left < 1:  # the fault struck after the last token: nothing is left to do
-            return done(req, "length", inputs.prompt_tokens, len(req.resume), start, start)
+            return done(req, "length", inputs.prompt_tokens, answer, len(req.resume), start, start)
         resumed = mx.array(list(req.resume), inputs.input_ids.dtype).reshape(1, -1)
         outputs = stream_generate(
             self.model,
@@ -187,25 +197,23 @@ class VisionBackend(Shaping):
         )
         # mlx-vlm yields one result per generated token, then a final one (finish_reason
         # set) carrying only the detokenizer's flushed text: not a token.
-        return self.relay(req, outputs, inputs.prompt_tokens, start, emit, cancelled)
+        return self.relay(req, outputs, inputs.prompt_tokens, answer, start, emit, cancelled)
 
     def relay(
         self,
         req: Generate,
         outputs: Iterable[Any],
         prompt_tokens: int,
+        answer: Answer,
         start: float,
         emit: Emit,
         cancelled: Callable[[], bool],
     ) -> Done:
-        """mlx-vlm's tokens to one `Step` each and a `Done`: the answer's text (from our
-        detokenizer, which has seen the resumed tokens: mlx-vlm's own starts afresh), tool
-        calls and log-probabilities, the decode fault point, cancellation and timings (one
-        request at a time: mlx-vlm does not batch every model, so vision requests run
-        alone)."""
-        answer = Answer(req.stop, self.tool_calls(req))
-        detokenizer = self.tokenizer.detokenizer
-        answer.resume(segments(detokenizer, req.resume))
+        """mlx-vlm's tokens to one `Step` each and a `Done`: the answer's text (from the
+        answer's detokenizer, which has seen the resumed tokens: mlx-vlm's own starts
+        afresh), thinking, tool calls and log-probabilities, the decode fault point,
+        cancellation and timings (one request at a time: mlx-vlm does not batch every model,
+        so vision requests run alone)."""
         marked = prompt_text(req)
         first, count, finish = start, len(req.resume), None
         for step, out in enumerate(outputs):
@@ -215,28 +223,30 @@ class VisionBackend(Shaping):
             if real and count:  # not the answer's first token
                 self.injector.hit("decode", req.seq, req.attempt, marked, req.armed)
             count += real
-            if real:
-                detokenizer.add_token(int(out.token))
-            else:
-                detokenizer.finalize()
             ended = None if real else ("stop" if out.finish_reason == "stop" else "length")
-            piece, calls, finish = answer.feed(detokenizer.last_segment, ended)
+            piece = answer.feed(int(out.token) if real else None, ended)
+            finish = piece.finish
             logprob = None
             if real and req.logprobs >= 0:
                 (logprob,) = self.logprobs.rows([(int(out.token), req.logprobs, out.logprobs)])
-            if piece or real or calls:
-                token = int(out.token) if real else -1
-                emit(Step(tokens=[Token(req.id, token, piece, logprob, calls)]))
+            if real or not piece.empty:
+                emit(Step(tokens=[piece.token(req.id, int(out.token) if real else -1, logprob)]))
             if finish:
                 break
             if cancelled():
                 finish = "cancelled"
                 break
-        return done(req, finish or "length", prompt_tokens, count, start, first)
+        return done(req, finish or "length", prompt_tokens, answer, count, start, first)
 
 
 def done(
-    req: Generate, finish: str, prompt_tokens: int, count: int, start: float, first: float
+    req: Generate,
+    finish: str,
+    prompt_tokens: int,
+    answer: Answer,
+    count: int,
+    start: float,
+    first: float,
 ) -> Done:
     """`count` tokens in all, resumed ones included; the speed is this attempt's."""
     elapsed = time.perf_counter() - first
@@ -248,4 +258,5 @@ def done(
         completion_tokens=count,
         ttft=first - start,
         decode_tps=(new - 1) / elapsed if new > 1 and elapsed > 0 else 0.0,
+        reasoning_tokens=answer.reasoning_tokens,
     )

@@ -95,12 +95,12 @@ def test_stop_strings_do_not_cut_a_forced_call(mode: str) -> None:
     """A forced call's JSON is no text to cut: a stop string inside it would leave
     arguments that break the schema under `finish_reason: tool_calls`."""
     text = '[{"name": "f", "arguments": {"a": "STOP"}}]' if mode == "list" else '{"a": "STOP"}'
-    answer = Answer(["STOP"], ToolCalls(mode, "f"))
-    _, calls, finish = answer.feed(text, "stop")
+    answer = Answer(None, ["STOP"], ToolCalls(mode, "f"))  # fed text, it needs no detokenizer
+    _, _, calls, finish = answer.feed_text(text, "stop")
     assert finish == "tool_calls"
     assert json.loads("".join(c.arguments for c in calls)) == {"a": "STOP"}
-    auto = Answer(["STOP"], None)
-    assert auto.feed("a STOP b", None) == ("a ", [], "stop")
+    auto = Answer(None, ["STOP"], None)
+    assert auto.feed_text("a STOP b", None) == ("a ", "", [], "stop")
 
 
 JSON = st.recursive(
