@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import multiprocessing
 import os
 import socket
@@ -72,8 +73,9 @@ class WorkerProcess:
         return self.process.exitcode is not None
 
 
-def _child(sock: socket.socket, settings: WorkerSettings) -> None:
-    """The spawned process's entry: the worker is imported there, never by the front."""
-    from steward.worker.main import run
+ENTRY = "steward.worker.main"  # its `run(sock, settings)`: named, never imported by the front
 
-    run(sock, settings)
+
+def _child(sock: socket.socket, settings: WorkerSettings) -> None:
+    """The spawned process's entry: the worker's code is imported there alone."""
+    importlib.import_module(ENTRY).run(sock, settings)
