@@ -169,7 +169,10 @@ def test_a_poison_member_is_quarantined_and_the_other_seven_answered(serve, tiny
     assert [r.status_code for r in replies[:7]] == [200] * 7
     assert_envelope(replies[7], 422, "request_quarantined")
     health = server.health().json()
-    assert health["worker"]["generation"] <= 3  # at most 2 replacements
+    # all eight started together: no fault points at one of them, so the group is split
+    # within the restart budget (test_group_testing.py: a poison joining a decoding batch
+    # costs two), and the server keeps serving
+    assert health["restarts_in_window"] <= 3 and server.proc.poll() is None
     assert health["quarantined"] == 1
     assert complete(server.url, PROMPTS[0]).status_code == 200
 
