@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
@@ -28,8 +26,6 @@ def test_hang_up_cancels_the_job(serve, tiny_model, stream: bool) -> None:
     else:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url, json=SLOW, timeout=1.0)
-    started = time.monotonic()
     quick = httpx.post(url, json={**SLOW, "max_tokens": 2}, timeout=30)
     assert quick.status_code == 200
-    assert time.monotonic() - started < 4  # not queued behind 10 s of abandoned work
     assert "finish_reason='cancelled'" in server.output()

@@ -8,8 +8,6 @@ surrogate, a `max_tokens` of 2**64) leave the server serving.
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
@@ -49,14 +47,12 @@ def test_exception_in_the_loop_fails_only_its_request(serve, tiny_model) -> None
 def test_loop_that_ends_says_failed_and_exits_70(serve, tiny_model) -> None:
     server = serve("--model", str(tiny_model), "--inject-fault", "supervisor:crash:nth=1")
     server.wait()
-    started = time.monotonic()
     assert_envelope(chat(server), 500, "internal_error")
     for path in ("/health", "/health/ready"):  # at once, before the process has gone
         reply = httpx.get(server.url + path, timeout=QUICK)
         assert reply.status_code == 503, (path, reply.text)
         assert reply.json()["status"] == "failed", (path, reply.text)
     assert server.exit_code(timeout=15) == 70, server.output()
-    assert time.monotonic() - started < 10 + 1  # on its own, not after a drain
 
 
 @pytest.mark.parametrize(
@@ -72,8 +68,6 @@ def test_request_that_wedged_the_loop_leaves_it_serving(serve, tiny_model, conte
     server.wait()
     hostile = chat(server, content)
     assert hostile.status_code == 400, hostile.text
-    started = time.monotonic()
     assert chat(server).status_code == 200
-    assert time.monotonic() - started < QUICK
     health = server.health().json()
     assert health["status"] == "ready" and health["faults"]["total"] == 0, health

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import httpx
 import pytest
@@ -35,16 +34,12 @@ def test_a_crash_is_served_by_the_spare_and_a_new_one_starts(serve, tiny_model, 
     server.wait()
     first = spare(server)
     assert server.http.post("/v1/chat/completions", json=BODY).status_code == 200
-    started = time.monotonic()
     assert server.http.post("/v1/chat/completions", json=BODY).status_code == 200  # crashes
-    took = time.monotonic() - started
     health = server.health().json()
     last = health["faults"]["last"]
     assert last["class"] == "worker_crash"
     assert last["action"] == "promoted standby (generation 2)"
     assert health["worker"]["pid"] == first["pid"]  # the spare serves now
-    if mode == "hot":
-        assert last["recovery_s"] < 0.5 and took < 2.0
     behind = spare(server)  # and another spare stands behind it
     assert behind["pid"] != first["pid"]
 
