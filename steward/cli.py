@@ -18,7 +18,7 @@ from typing import Any
 
 from steward import __version__, drill
 from steward.config import ServeConfig
-from steward.front.schemas import MAX_N
+from steward.front.dialects.openai import MAX_N
 
 EX_CONFIG = 78
 DEFAULTS = ServeConfig()
@@ -96,7 +96,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "--api-key-file: a flag's value shows in `ps`)",
     )
     _flag(p, "api-key-file", str, "read the API key from the first line of this file")
-    _flag(p, "served-model-name", str, "another name clients may use for the model")
+    _flag(
+        p,
+        "served-model-name",
+        str,
+        "another name clients may use for the model; a glob (claude-*) maps every name it "
+        "matches to the model, unlisted in /v1/models",
+    )
     _flag(p, "log-json", bool, "log one JSON object per line")
     _flag(p, "log-level", str, "log level")
     _flag(p, "worker-memory-limit", byte_size, "address-space limit of the worker (e.g. 8G)")
@@ -118,6 +124,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "allow-image-urls", bool, "allow remote image URLs")
     _flag(p, "max-batch", int, "requests decoded together (continuous batching)")
     _flag(p, "max-n", int, "most choices (`n`) one request may ask for, each a batch member")
+    _flag(
+        p,
+        "max-tokens-default",
+        int,
+        "tokens an answer may have when the request sets no max_tokens, or less where the "
+        "context leaves less room (0: the rest of the context)",
+    )
     _flag(
         p,
         "standby",
@@ -177,6 +190,8 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--max-batch {config.max_batch}: must be at least 1")
         if not 1 <= config.max_n <= MAX_N:
             raise ValueError(f"--max-n {config.max_n}: must be between 1 and {MAX_N}")
+        if config.max_tokens_default < 0:
+            raise ValueError(f"--max-tokens-default {config.max_tokens_default}: must be >= 0")
         source = resolve_model(config.model)
         faults = parse_all(config.inject_fault)
     except (ModelError, ValueError, OSError) as exc:

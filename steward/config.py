@@ -37,6 +37,7 @@ class ServeConfig:
     allow_image_urls: bool = False
     max_batch: int = 32
     max_n: int = 8  # choices per request
+    max_tokens_default: int = 4096  # the cap when a request gives no max_tokens (0: none)
     standby: str = "auto"  # auto, none, warm (runtime up, no model) or hot (model loaded)
     prompt_cache_bytes: int = 1024 * 1024 * 1024
     inject_fault: list[str] = field(default_factory=list)

@@ -2,6 +2,11 @@
 
 Every error a client can see is an `ApiError`; its `type` fixes the HTTP status and
 whether a retry can help, so handlers never pick status codes or retry flags by hand.
+
+How the error is written is the dialect's: an `Envelope` per dialect, chosen by the
+request's path (`envelope_for`), so an error met before any route runs (an unknown route,
+a missing API key, a body over the limit) is still written as the client's SDK reads it.
+The status, `x-should-retry` and `Retry-After` are the same in every dialect.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ class ApiError(Exception):
     retry_after: int | None = None
     fault: dict[str, str] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    param: str | None = None  # the request field at fault, when one is (OpenAI's `param`)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -82,18 +88,17 @@ class ApiError(Exception):
         return ERROR_TYPES[self.type][1]
 
     def body(self, request_id: str) -> dict[str, Any]:
-        """The envelope; `error` alone is what an SSE error event carries."""
-        error: dict[str, Any] = {
-            "type": self.type,
-            "message": self.message,
-            "retryable": self.retryable,
-            "code": self.type,
-        }
+        """The SPEC §4 envelope; `error` alone is what an OpenAI SSE error event carries."""
+        return SPEC.body(self, request_id)
+
+    def details(self) -> dict[str, Any]:
+        """steward's own fields, which every dialect's envelope carries beside its own."""
+        extra: dict[str, Any] = {"retryable": self.retryable}
         if self.retry_after is not None:
-            error["retry_after"] = self.retry_after
+            extra["retry_after"] = self.retry_after
         if self.fault is not None:
-            error["fault"] = self.fault
-        return {"status": "error", "error": error, "request_id": request_id}
+            extra["fault"] = self.fault
+        return extra
 
     def response_headers(self, request_id: str) -> dict[str, str]:
         headers = {
@@ -106,7 +111,75 @@ class ApiError(Exception):
         return headers
 
 
-def error_response(error: ApiError, request_id: str) -> JSONResponse:
+class Envelope:
+    """The SPEC §4 envelope (mlx-knife's, readable by the OpenAI SDK): OpenAI's dialects."""
+
+    def body(self, error: ApiError, request_id: str) -> dict[str, Any]:
+        shaped: dict[str, Any] = {
+            "type": error.type,
+            "message": error.message,
+            "retryable": error.retryable,
+            "code": error.type,
+        }
+        if error.param is not None:
+            shaped["param"] = error.param
+        shaped |= error.details()
+        return {"status": "error", "error": shaped, "request_id": request_id}
+
+
+# steward's type -> Anthropic's (docs.anthropic.com "Errors"); the status stays steward's.
+ANTHROPIC_TYPES: dict[ErrorType, str] = {
+    ErrorType.VALIDATION_ERROR: "invalid_request_error",
+    ErrorType.CONTEXT_LENGTH_EXCEEDED: "invalid_request_error",
+    ErrorType.UNAUTHORIZED: "authentication_error",
+    ErrorType.MODEL_NOT_FOUND: "not_found_error",
+    ErrorType.NOT_FOUND: "not_found_error",
+    ErrorType.METHOD_NOT_ALLOWED: "invalid_request_error",
+    ErrorType.BODY_TIMEOUT: "invalid_request_error",
+    ErrorType.REQUEST_TOO_LARGE: "request_too_large",
+    ErrorType.REQUEST_QUARANTINED: "invalid_request_error",
+    ErrorType.OVERLOADED: "overloaded_error",
+    ErrorType.INTERNAL_ERROR: "api_error",
+    ErrorType.BACKEND_UNAVAILABLE: "overloaded_error",
+    ErrorType.SERVER_SHUTDOWN: "overloaded_error",
+    ErrorType.TOO_MANY_CONNECTIONS: "overloaded_error",
+    ErrorType.GENERATION_TIMEOUT: "timeout_error",
+    ErrorType.INSUFFICIENT_MEMORY: "api_error",
+}
+
+
+class AnthropicEnvelope(Envelope):
+    """Anthropic's `{"type": "error", "error": {"type", "message"}, "request_id"}`, with
+    steward's own type as `code` and its retry and fault fields added: the body of an
+    error response and, unchanged, the data of a stream's `event: error`."""
+
+    def body(self, error: ApiError, request_id: str) -> dict[str, Any]:
+        shaped = {
+            "type": ANTHROPIC_TYPES[ErrorType(error.type)],
+            "message": error.message,
+            "code": error.type,
+            **error.details(),
+        }
+        return {"type": "error", "error": shaped, "request_id": request_id}
+
+
+SPEC = Envelope()
+ANTHROPIC = AnthropicEnvelope()
+ENVELOPES: tuple[tuple[str, Envelope], ...] = (("/v1/messages", ANTHROPIC),)
+
+
+def envelope_for(path: str) -> Envelope:
+    """The envelope of the dialect that serves `path` (its route's prefix); else SPEC §4."""
+    for prefix, envelope in ENVELOPES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return envelope
+    return SPEC
+
+
+def error_response(error: ApiError, request_id: str, path: str = "") -> JSONResponse:
+    """The error as the dialect serving `path` writes it, with the SPEC §4 headers."""
     return JSONResponse(
-        error.body(request_id), error.status, headers=error.response_headers(request_id)
+        envelope_for(path).body(error, request_id),
+        error.status,
+        headers=error.response_headers(request_id),
     )

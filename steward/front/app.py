@@ -1,12 +1,15 @@
 """The HTTP front: a FastAPI app over a running `Supervisor`.
 
-Every error leaves through `error_response`: our own `ApiError`s, FastAPI's validation
-errors, unknown routes and methods, and (as `internal_error`) bugs in steward itself.
+Every error leaves through `error_response`, in the envelope of the dialect its path
+belongs to: our own `ApiError`s, FastAPI's validation errors (with the field as `param`),
+unknown routes (naming the routes steward serves) and methods, and (as `internal_error`)
+bugs in steward itself.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,7 +19,8 @@ from starlette.responses import Response
 from steward import __version__
 from steward.config import ServeConfig
 from steward.errors import ApiError, error_response
-from steward.front import health_routes, openai_routes
+from steward.front import health_routes
+from steward.front.dialects import anthropic, chat, completions, openai, responses
 from steward.front.middleware import RequestContext
 from steward.ops.metrics import Metrics
 from steward.supervisor.supervisor import Supervisor
@@ -37,12 +41,14 @@ def create_app(config: ServeConfig, supervisor: Supervisor, metrics: Metrics) ->
     app.state.supervisor = supervisor
     app.state.metrics = metrics
     app.include_router(health_routes.router)
-    app.include_router(openai_routes.router)
+    for dialect in (chat, completions, openai, anthropic, responses):
+        app.include_router(dialect.router)
     app.add_middleware(RequestContext, config=config, metrics=metrics)
 
     def answer(request: Request, error: ApiError) -> Response:
         metrics.error(error.type)
-        return error_response(error, request_id(request))
+        request.state.error_type = str(error.type)
+        return error_response(error, request_id(request), request.url.path)
 
     @app.get("/metrics", include_in_schema=False)
     def scrape() -> Response:
@@ -55,8 +61,10 @@ def create_app(config: ServeConfig, supervisor: Supervisor, metrics: Metrics) ->
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        problems = "; ".join(_describe(e) for e in exc.errors()[:8])
-        return answer(request, ApiError("validation_error", problems))
+        errors = exc.errors()
+        problems = "; ".join(_describe(e) for e in errors[:8])
+        param = _param(errors[0]) if errors else None
+        return answer(request, ApiError("validation_error", problems, param=param))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -64,6 +72,8 @@ def create_app(config: ServeConfig, supervisor: Supervisor, metrics: Metrics) ->
             return answer(request, exc.__cause__)
         kind = HTTP_TYPES.get(exc.status_code, "validation_error")
         message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 404 and "route" not in request.scope:
+            message += f"; steward serves {served_routes(app)}"
         return answer(request, ApiError(kind, message, headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
@@ -83,6 +93,27 @@ def create_app(config: ServeConfig, supervisor: Supervisor, metrics: Metrics) ->
 
 def request_id(request: Request) -> str:
     return getattr(request.state, "request_id", "") or "-"
+
+
+def served_routes(app: FastAPI) -> str:
+    """`GET /health, POST /v1/chat/completions, ...`: what a 404 on an unknown route
+    offers instead, read from the OpenAPI schema (built once, then cached by FastAPI)."""
+    paths = app.openapi()["paths"]
+    return ", ".join(
+        f"{method.upper()} {path}" for path in sorted(paths) for method in sorted(paths[path])
+    )
+
+
+FIELD = re.compile(r"[A-Za-z_][\w.\[\]]*")
+
+
+def _param(error: dict) -> str | None:
+    """The field a validation error names: its location, or a validator's `field: ...`."""
+    where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+    if where:
+        return where
+    head, colon, _ = str(error.get("msg", "")).removeprefix("Value error, ").partition(":")
+    return head if colon and FIELD.fullmatch(head) else None
 
 
 def _describe(error: dict) -> str:

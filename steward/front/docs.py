@@ -26,12 +26,14 @@ class ErrorBody(BaseModel):
     message: str
     retryable: bool
     code: str
+    param: str | None = None
     retry_after: int | None = None
     fault: FaultRef | None = None
 
 
 class Envelope(BaseModel):
-    """Every error response's body (SPEC §4); `x-should-retry` matches `retryable`."""
+    """Every error response's body (SPEC §4); `x-should-retry` matches `retryable`. Under
+    /v1/messages, Anthropic's shape instead (steward/errors.py `AnthropicEnvelope`)."""
 
     status: Literal["error"]
     error: ErrorBody

@@ -36,7 +36,8 @@ def request_id_from(scope: Scope) -> str:
 
 class RequestContext:
     """Outermost: request id, body bound, then one access-log line and one metrics sample
-    per response, with the route template (not the raw path) to keep label sets small."""
+    per response, with the route template (not the raw path) to keep label sets small.
+    Errors it answers itself are in the envelope of the dialect the path belongs to."""
 
     def __init__(self, app: ASGIApp, config: ServeConfig, metrics: Metrics) -> None:
         self.app = app
@@ -104,33 +105,56 @@ class RequestContext:
         try:
             if refusal is not None:
                 self.metrics.error(refusal.type)
-                await error_response(refusal, request_id)(scope, receive, send_with_id)
+                scope["state"]["error_type"] = str(refusal.type)
+                await error_response(refusal, request_id, scope["path"])(
+                    scope, receive, send_with_id
+                )
             else:
                 await self.app(scope, bounded_receive, send_with_id)
         finally:
             route = getattr(scope.get("route"), "path", "other")
             self.metrics.request(route, status)
             took = (time.perf_counter() - started) * 1e3
-            client = scope.get("client") or ("-", 0)
-            access.info(
-                '%s "%s %s" %d %.1f ms',
-                client[0],
-                scope["method"],
-                scope["path"],
-                status,
-                took,
-                extra={
-                    "request_id": request_id,
-                    "access": {
-                        "client": client[0],
-                        "method": scope["method"],
-                        "path": scope["path"],
-                        "route": route,
-                        "status": status,
-                        "ms": round(took, 2),
-                    },
-                },
-            )
+            log_access(scope, status, route, took)
+
+
+def log_access(scope: Scope, status: int, route: str, took: float) -> None:
+    """One line a failed request can be found by without reproducing it: its id, the
+    model, the error type and the token counts that the routes noted in the scope."""
+    state = scope["state"]
+    client = (scope.get("client") or ("-", 0))[0]
+    prompt, completion = state.get("tokens", (None, None))
+    fields = {
+        "id": state["request_id"],
+        "model": state.get("model"),
+        "error": state.get("error_type"),
+        "tokens": None if prompt is None else f"{prompt}+{completion}",
+    }
+    tail = "".join(f" {key}={value}" for key, value in fields.items() if value is not None)
+    access.info(
+        '%s "%s %s" %d %.1f ms%s',
+        client,
+        scope["method"],
+        scope["path"],
+        status,
+        took,
+        tail,
+        extra={
+            "request_id": state["request_id"],
+            "access": {
+                "client": client,
+                "method": scope["method"],
+                "path": scope["path"],
+                "route": route,
+                "status": status,
+                "ms": round(took, 2),
+                "model": state.get("model"),
+                "error": state.get("error_type"),
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+            },
+        },
+    )
 
 
 UNCAPPED = ("/health", "/metrics")  # probes are answered even over the connection cap

@@ -1,7 +1,8 @@
 """Structured outputs and forced tool calls: the grammar the answer must match.
 
-`response_format` `json_object` and `json_schema` (strict or not, the schema is enforced),
-and `tool_choice` `required` or a named function, become one llguidance grammar, checked
+A JSON answer (chat's `response_format` `json_object` and `json_schema`, strict or not,
+the schema is enforced), and a forced tool call (`tool_choice` `required` or a named
+function), in whichever dialect, become one llguidance grammar, checked
 here so that a schema llguidance cannot compile is the request's 400 naming what is
 unsupported. The worker compiles it again against its tokenizer and masks every token the
 grammar forbids: the answer matches with any model, in a batch, in a stream, and after a
@@ -21,7 +22,6 @@ from typing import Any
 import llguidance
 
 from steward.errors import ApiError
-from steward.front.schemas import ChatRequest, NamedTool
 
 OPTIONS = {"whitespace_flexible": False, "coerce_one_of": True}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -39,30 +39,32 @@ class Constraint:
         return {"grammar": self.grammar, "calls": self.calls, "call_name": self.call_name}
 
 
-def constraint(body: ChatRequest) -> Constraint:
-    """The request's grammar and tool-call mode; ApiError if its schema cannot compile."""
-    choice = body.choice()
-    tools = {tool.function.name: tool.function for tool in body.tools or []}
-    if isinstance(choice, NamedTool):
-        name = choice.function.name
-        params = tools[name].parameters or ANY_OBJECT
+def constraint(
+    tools: dict[str, dict[str, Any] | None],
+    choice: str,
+    name: str = "",
+    parallel: bool = True,
+    schema: dict[str, Any] | None = None,
+) -> Constraint:
+    """The grammar and tool-call mode of any dialect's request; ApiError if a schema cannot
+    compile. `tools`: each function's parameters schema by name; `choice`: `none`, `auto`,
+    `required`, or `named` (the function `name`); `schema`: what a JSON answer must match
+    (`ANY_OBJECT` for any JSON object), None for free text."""
+    if choice == "named":
+        params = tools[name] or ANY_OBJECT
         return Constraint(grammar(params, f"tools.{name}.parameters"), "named", name)
     if choice == "required":
         calls = {
             "type": "array",
             "minItems": 1,
-            "items": {"anyOf": [_call_schema(name, f.parameters) for name, f in tools.items()]},
+            "items": {"anyOf": [_call_schema(n, params) for n, params in tools.items()]},
         }
-        if not body.parallel_tool_calls:
+        if not parallel:
             calls["maxItems"] = 1
         return Constraint(grammar(calls, "tools"), "list")
     if choice == "auto":
         return Constraint(calls="auto")
-    fmt = body.response_format
-    if fmt is None or fmt.type == "text":
-        return Constraint()
-    schema = fmt.json_schema.schema_ if fmt.json_schema else None
-    return Constraint(grammar(schema or ANY_OBJECT, "response_format"))
+    return Constraint() if schema is None else Constraint(grammar(schema, "response_format"))
 
 
 def _call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:

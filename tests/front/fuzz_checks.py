@@ -1,6 +1,7 @@
 """Schemathesis hooks for test_fuzz.py (loaded by the `st` CLI via SCHEMATHESIS_HOOKS).
 
-One custom check: every error answer is the SPEC §4 envelope.
+One custom check: every error answer is its dialect's envelope (SPEC §4; Anthropic's
+under /v1/messages, with steward's fields added).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import schemathesis
 
 @schemathesis.check
 def error_envelope(ctx, response, case) -> None:
-    """Status >= 400: a JSON body in the SPEC §4 envelope, `x-should-retry` matching it."""
+    """Status >= 400: a JSON body in its dialect's envelope, `x-should-retry` matching it."""
     if response.status_code < 400:
         return
     try:
@@ -23,7 +24,9 @@ def error_envelope(ctx, response, case) -> None:
         ) from None
     assert isinstance(body, dict), f"{response.status_code} answer is not an object: {body!r}"
     error = body.get("error")
-    assert body.get("status") == "error", f"no 'status': 'error' in {body!r}"
+    anthropic = case.path == "/v1/messages" or case.path.startswith("/v1/messages/")
+    key = "type" if anthropic else "status"
+    assert body.get(key) == "error", f"no {key!r}: 'error' in {body!r}"
     assert isinstance(error, dict), f"no 'error' object in {body!r}"
     assert isinstance(error.get("type"), str) and error["type"], f"no error type in {body!r}"
     assert isinstance(error.get("message"), str) and error["message"], f"no message: {body!r}"

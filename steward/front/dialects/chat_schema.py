@@ -1,14 +1,11 @@
-"""Request bodies of the OpenAI API, validated before anything reaches the worker.
+"""The body of `POST /v1/chat/completions`, validated before anything reaches the worker.
 
-Bounds live here: message counts, stop strings, every number's range (nothing a client
-sends may overflow the worker's 64-bit wire format), no empty prompt.
-
-The rule for parameters: every parameter steward knows is honoured, or refused with a 400
-that names it; a parameter it does not know is refused the same way, as OpenAI's own API
-does ("Unrecognized request argument"), so a misspelt `max_token` or a vendor field
-steward does not implement never passes silently. Fields that change nothing on a local
-server and that SDKs and frameworks send (`user`, `metadata`, `store: false`,
-`service_tier`) are accepted.
+Bounds live here (message counts, parts, tools, names), beside the shared sampling ones
+(openai.py). Fields OpenAI documents that change nothing here are accepted on purpose and
+documented as no-ops: `prompt_cache_key` (the prompt cache is automatic), `safety_identifier`,
+`verbosity`; `modalities` may only ask for text. `reasoning_effort` turns a thinking model's
+thinking off (`none`, `minimal`) or on. The legacy `functions` / `function_call` are read as
+`tools` / `tool_choice`, and answered in their own legacy shape (chat.py).
 """
 
 from __future__ import annotations
@@ -17,29 +14,18 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from steward.front.dialects.openai import MAX_NAME_CHARS, MAX_TOP_LOGPROBS, Sampling, Strict, Tokens
 
 MAX_MESSAGES = 2048
-MAX_STOP = 4
-MAX_STOP_CHARS = 256
-MAX_NAME_CHARS = 256
 MAX_PARTS = 1024  # content parts of one message
-MAX_TOKENS = 2**31 - 1  # the context length bounds it further, once the model is known
-MAX_N = 128  # `--max-n` bounds it further
-MAX_LOGIT_BIAS = 300
 MAX_TOOLS = 128
 MAX_TOOL_CALLS = 128  # in one assistant message of the history
-MAX_TOP_LOGPROBS = 20
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 Name = Annotated[str, Field(pattern=FUNCTION_NAME.pattern)]
-
-
-class Strict(BaseModel):
-    """No NaN or infinity in any float; no field steward does not know."""
-
-    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
 class TextPart(Strict):
@@ -81,17 +67,20 @@ class ToolCall(Strict):
 
 
 class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | Annotated[list[Part], Field(max_length=MAX_PARTS)] | None = None
     name: str | None = Field(None, max_length=MAX_NAME_CHARS)
     tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None
     tool_call_id: str | None = Field(None, max_length=MAX_NAME_CHARS)
     refusal: str | None = None  # sent back by clients that replay an answer as history
+    function_call: CalledFunction | None = None  # legacy: an assistant's one call
 
     @model_validator(mode="after")
     def _roles(self) -> Message:
-        if self.tool_calls and self.role != "assistant":
+        if (self.tool_calls or self.function_call) and self.role != "assistant":
             raise ValueError("tool_calls: only an assistant message makes tool calls")
+        if self.role == "function" and not self.name:
+            raise ValueError("name: a function message names the function it answers")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("tool_call_id: a tool message answers a call; name it")
         return self
@@ -116,17 +105,18 @@ class Message(Strict):
                 {"type": "text", "text": p.text} if isinstance(p, TextPart) else {"type": "image"}
                 for p in self.content or []
             ]
-        if self.tool_calls:
-            message["tool_calls"] = [call.for_template() for call in self.tool_calls]
+        calls = self.tool_calls or []
+        if self.function_call:  # legacy: as the tool call it would be today
+            calls = [ToolCall(id=self.function_call.name, function=self.function_call)]
+        if calls:
+            message["tool_calls"] = [call.for_template() for call in calls]
+        if self.role == "function":
+            message |= {"role": "tool", "tool_call_id": self.name}
         if self.tool_call_id:
             message["tool_call_id"] = self.tool_call_id
         if self.name:
             message["name"] = self.name
         return message
-
-
-class StreamOptions(Strict):
-    include_usage: bool = False
 
 
 class Function(Strict):
@@ -168,64 +158,6 @@ class ResponseFormat(Strict):
         return self
 
 
-class Sampling(Strict):
-    """What chat and text completions share."""
-
-    model: str | None = Field(None, max_length=256)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, le=2**31 - 1, description="0 or -1: off (vLLM's)")
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, ge=0.1, le=10.0)  # scales a logit at most 10x
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
-        None, max_length=MAX_LOGIT_BIAS
-    )
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
-    n: int = Field(1, ge=1, le=MAX_N)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    # Accepted, no effect on a local server.
-    user: str | None = Field(None, max_length=MAX_NAME_CHARS)
-    metadata: dict[str, str] | None = Field(None, max_length=16)
-    store: Literal[False] | None = None
-    service_tier: Literal["auto", "default"] | None = None
-
-    @model_validator(mode="after")
-    def _bounds(self) -> Sampling:
-        stops = self.stop_list()
-        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise ValueError(f"stop: at most {MAX_STOP} strings of {MAX_STOP_CHARS} characters")
-        for key in self.logit_bias or {}:
-            if not (key.isdigit() and int(key) < 2**31):
-                raise ValueError(f"logit_bias: {key[:32]!r} is not a token id")
-        return self
-
-    def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else self.stop
-
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-    def sampling(self) -> dict[str, Any]:
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": max(self.top_k, 0),
-            "min_p": self.min_p,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
-            "logit_bias": {int(k): v for k, v in (self.logit_bias or {}).items()},
-            "stop": self.stop_list(),
-            "seed": None if self.seed is None else self.seed % 2**32,
-        }
-
-
 ToolChoice = Literal["none", "auto", "required"] | NamedTool
 
 
@@ -239,9 +171,20 @@ class ChatRequest(Sampling):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    functions: Annotated[list[Function], Field(max_length=MAX_TOOLS)] | None = None  # legacy
+    function_call: Literal["none", "auto"] | NamedFunction | None = None  # legacy
+    reasoning_effort: Effort | None = None
+    modalities: list[str] | None = Field(None, max_length=4)
+    # Accepted, no effect here: the prompt cache is automatic; one model, one verbosity.
+    prompt_cache_key: str | None = Field(None, max_length=1024)
+    safety_identifier: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    verbosity: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
     def _chat(self) -> ChatRequest:
+        if self.modalities is not None and set(self.modalities) != {"text"}:
+            raise ValueError('modalities: steward answers in text only (["text"])')
+        self._legacy()
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs: true")
         names = [tool.function.name for tool in self.tools or []]
@@ -258,6 +201,32 @@ class ChatRequest(Sampling):
                 'set tool_choice to "none" or leave response_format out'
             )
         return self
+
+    def _legacy(self) -> None:
+        """`functions` and `function_call` as the `tools` and `tool_choice` they became."""
+        if self.functions is not None and self.tools is not None:
+            raise ValueError("functions: give tools or the legacy functions, not both")
+        if self.function_call is not None and self.tool_choice is not None:
+            raise ValueError("function_call: give tool_choice or the legacy function_call")
+        if self.functions is not None:
+            self.tools = [Tool(type="function", function=f) for f in self.functions]
+            self.parallel_tool_calls = False  # a legacy answer holds one call
+        if isinstance(self.function_call, NamedFunction):
+            self.tool_choice = NamedTool(type="function", function=self.function_call)
+        elif self.function_call is not None:
+            self.tool_choice = self.function_call
+
+    @property
+    def legacy(self) -> bool:
+        """Asked in the legacy shape, answered in it (`function_call`, one call)."""
+        return self.functions is not None
+
+    def thinking(self) -> bool | None:
+        """A thinking model's thinking: off for `none`/`minimal`, on for any other effort,
+        else the template's default."""
+        if self.reasoning_effort is None:
+            return None
+        return self.reasoning_effort not in ("none", "minimal")
 
     def choice(self) -> str | NamedTool:
         """`none`, `auto`, `required` or the named function: OpenAI's default is `auto`
@@ -284,6 +253,7 @@ class ChatRequest(Sampling):
             "max_tokens": limit,
             "tools": tools,
             "logprobs": logprobs,
+            "thinking": self.thinking(),
             **self.sampling(),
         }
 
@@ -291,40 +261,3 @@ class ChatRequest(Sampling):
         return sum(len(m.text()) for m in self.messages) + sum(
             len(json.dumps(tool.model_dump(exclude_none=True))) for tool in self.tools or []
         )
-
-
-class CompletionRequest(Sampling):
-    prompt: str | list[str]
-    max_tokens: Tokens | None = 16
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = Field(None, ge=1, le=MAX_N)
-
-    @model_validator(mode="after")
-    def _completion(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise ValueError("prompt: one prompt per request (a list of prompts is not supported)")
-        if not self.text():
-            raise ValueError("prompt: must not be empty")
-        if self.echo or self.suffix or (self.best_of or self.n) != self.n:
-            raise ValueError("not supported by steward: echo, suffix, best_of other than n")
-        return self
-
-    def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-    def image_urls(self) -> list[str]:
-        return []
-
-    def params(self) -> dict[str, Any]:
-        logprobs = -1 if self.logprobs is None else self.logprobs
-        return {
-            "prompt": self.text(),
-            "max_tokens": self.max_tokens,
-            "logprobs": logprobs,
-            **self.sampling(),
-        }
-
-    def prompt_chars(self) -> int:
-        return len(self.text())

@@ -1,0 +1,110 @@
+"""One request's exchange with the supervisor, whatever its dialect: the engine side of
+every dialect module.
+
+A dialect translates twice, and does nothing else: its wire body into an `Ask` (the one
+internal `Generate`, the prompt's characters, whether it streams), and the jobs' events
+out into its own wire shapes (an `Answer`; both in seam.py). Everything else lives here
+and in delivery.py once, so every guarantee holds in every dialect at once: the model
+name, the API key, the digest that quarantine keys on, the default `max_tokens` cap
+(here); waiting within the queue and request deadlines, a stream that starts only once
+its first token exists, a client that hangs up cancelling its jobs, and the access log's
+model, error type and token counts (delivery.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import msgspec
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from steward.errors import ApiError, ErrorType
+from steward.front.auth import require_key
+from steward.front.body import JSONRoute
+from steward.front.dialects.delivery import Waiter, respond
+from steward.front.dialects.seam import Answer, Ask
+from steward.front.docs import error_responses
+from steward.front.images import ImageLimits, load_images
+from steward.front.names import resolve_model
+from steward.supervisor.jobs import Job
+from steward.wire.protocol import Generate, encode
+
+
+def dialect_router() -> APIRouter:
+    """A dialect's routes: under /v1, behind the API key, bodies read as checked JSON."""
+    return APIRouter(
+        prefix="/v1",
+        dependencies=[Depends(require_key)],
+        route_class=JSONRoute,
+        responses=error_responses(401),
+    )
+
+
+def served_model(request: Request, name: str | None) -> str:
+    """The served model's id if `name` may mean it (names.py), noted for the access log."""
+    supervisor = request.app.state.supervisor
+    model = resolve_model(name, supervisor.source.model_id, request.app.state.config)
+    request.state.model = model
+    return model
+
+
+async def images(request: Request, urls: list[str], model: str) -> list[bytes]:
+    """The request's images within the limits, for a model that takes images."""
+    if not urls:
+        return []
+    if not request.app.state.supervisor.vision:
+        raise ApiError("validation_error", f"The model {model!r} does not take images.")
+    return await load_images(urls, ImageLimits.of(request.app.state.config))
+
+
+async def exchange(request: Request, model: str, ask: Ask, answer: Answer) -> Response:
+    """Run `ask` and answer it in `answer`'s dialect: JSON, or SSE when it streams."""
+    return await respond(request, submit(request, model, ask), answer, ask.stream)
+
+
+def submit(request: Request, model: str, ask: Ask) -> list[Waiter]:
+    """A job per choice, all or none. Without a client `max_tokens`, `--max-tokens-default`
+    caps the answer; where the prompt leaves less room than that, the context does."""
+    cap = request.app.state.config.max_tokens_default if ask.payload.max_tokens is None else 0
+    waiters: list[Waiter] = []
+    try:
+        for choice in _choices(ask.payload, ask.choices):
+            whole = _starter(request, model, ask, choice)
+            if not cap:
+                waiters.append(Waiter(request, whole()))
+                continue
+            capped = _starter(request, model, ask, msgspec.structs.replace(choice, max_tokens=cap))
+            try:
+                waiters.append(Waiter(request, capped(), fallback=whole))
+            except ApiError as error:
+                if error.type is not ErrorType.CONTEXT_LENGTH_EXCEEDED:
+                    raise
+                waiters.append(Waiter(request, whole()))
+    except ApiError:
+        for waiter in waiters:
+            waiter.close()
+        raise
+    return waiters
+
+
+def _choices(payload: Generate, n: int) -> list[Generate]:
+    """`n` choices are `n` jobs; a seeded request's choices differ, each by its own seed,
+    and stay reproducible."""
+    if payload.seed is None:
+        return [payload] * n
+    return [msgspec.structs.replace(payload, seed=(payload.seed + i) % 2**32) for i in range(n)]
+
+
+def _starter(request: Request, model: str, ask: Ask, payload: Generate) -> Callable[[], Job]:
+    """Submitting `payload`, deferred; its digest (model + the bytes the worker gets) is
+    what quarantine recognises a payload by, whatever the dialect."""
+    try:
+        wire = encode(payload)  # what the worker will get: it must encode, here, not later
+    except (msgspec.EncodeError, OverflowError, UnicodeEncodeError) as exc:
+        raise ApiError("validation_error", f"The request cannot be encoded: {exc}") from None
+    digest = hashlib.sha256(model.encode() + b"\0" + wire).hexdigest()
+    supervisor = request.app.state.supervisor
+    request_id = request.state.request_id
+    return lambda: supervisor.submit(payload, ask.prompt_chars, request_id, digest, ask.stream)

@@ -1,0 +1,228 @@
+"""What OpenAI's two generation dialects share (chat.py, completions.py): the sampling
+parameters and their bounds, the answer's frame (ids, usage, timings, log-probabilities,
+the stream's end and its error event), and `/v1/models`.
+
+The rule for parameters: every parameter steward knows is honoured, or refused with a 400
+that names it; a parameter it does not know is refused the same way, as OpenAI's own API
+does ("Unrecognized request argument"), so a misspelt `max_token` or a vendor field
+steward does not implement never passes silently. Fields that change nothing on a local
+server and that SDKs and frameworks send (`user`, `metadata`, `store: false`,
+`service_tier`) are accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import abstractmethod
+from typing import Annotated, Any, Literal
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from steward.errors import ApiError
+from steward.front.dialects.exchange import dialect_router
+from steward.front.dialects.seam import Answer, sse
+from steward.front.names import listed_names
+from steward.supervisor.jobs import Job
+from steward.wire.protocol import Done, Logprob, TopLogprob
+
+MAX_STOP = 4
+MAX_STOP_CHARS = 256
+MAX_NAME_CHARS = 256
+MAX_TOKENS = 2**31 - 1  # the context length bounds it further, once the model is known
+MAX_N = 128  # `--max-n` bounds it further
+MAX_LOGIT_BIAS = 300
+MAX_TOP_LOGPROBS = 20
+
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+
+
+class Strict(BaseModel):
+    """No NaN or infinity in any float; no field steward does not know."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class Sampling(Strict):
+    """What chat and text completions share."""
+
+    model: str | None = Field(None, max_length=256)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1, le=2**31 - 1, description="0 or -1: off (vLLM's)")
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, ge=0.1, le=10.0)  # scales a logit at most 10x
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, max_length=MAX_LOGIT_BIAS
+    )
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Accepted, no effect on a local server.
+    user: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    store: Literal[False] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Sampling:
+        stops = self.stop_list()
+        if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop: at most {MAX_STOP} strings of {MAX_STOP_CHARS} characters")
+        for key in self.logit_bias or {}:
+            if not (key.isdigit() and int(key) < 2**31):
+                raise ValueError(f"logit_bias: {key[:32]!r} is not a token id")
+        return self
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else self.stop
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": max(self.top_k, 0),
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "logit_bias": {int(k): v for k, v in (self.logit_bias or {}).items()},
+            "stop": self.stop_list(),
+            "seed": None if self.seed is None else self.seed % 2**32,
+        }
+
+
+def choices(request: Request, body: Sampling) -> int:
+    """`n`, within `--max-n`."""
+    most = request.app.state.config.max_n
+    if body.n > most:
+        raise ApiError("validation_error", f"n: at most {most} (--max-n)", param="n")
+    return body.n
+
+
+class OpenAIAnswer(Answer):
+    """The frame of an OpenAI completion: what chat and text completion answers share."""
+
+    object = ""  # "chat.completion" or "text_completion"
+    chunk_object = ""  # a stream chunk's
+    prefix = ""  # of the answer's id
+
+    def __init__(self, model: str, request_id: str, include_usage: bool, logprobs: bool) -> None:
+        self.model = model
+        self.id = self.prefix + request_id[:48]
+        self.created = int(time.time())
+        self.include_usage = include_usage
+        self.logprobs = logprobs
+
+    def base(self, obj: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "steward",
+        }
+
+    @staticmethod
+    def usage(dones: list[Done]) -> dict[str, Any]:
+        """The prompt once, every choice's completion (as OpenAI counts `n` choices)."""
+        prompt, cached = dones[0].prompt_tokens, dones[0].cached_tokens
+        completion = sum(done.completion_tokens for done in dones)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    @staticmethod
+    def timings(done: Done) -> dict[str, float]:
+        """The worker's own clock, as llama.cpp's server reports it: what HTTP and IPC add
+        is the difference between these and what a client measures."""
+        return {
+            "cache_n": done.cached_tokens,
+            "prompt_n": done.prompt_tokens - done.cached_tokens,
+            "prompt_ms": round(done.ttft * 1e3, 3),
+            "predicted_n": done.completion_tokens,
+            "predicted_per_second": round(done.decode_tps, 2),
+        }
+
+    def full(self, jobs: list[Job], dones: list[Done]) -> dict[str, Any]:
+        choices = [
+            self.choice(i, job, done) for i, (job, done) in enumerate(zip(jobs, dones, strict=True))
+        ]
+        usage, timings = self.usage(dones), self.timings(dones[0])
+        return {**self.base(self.object), "choices": choices, "usage": usage, "timings": timings}
+
+    @abstractmethod
+    def choice(self, index: int, job: Job, done: Done) -> dict[str, Any]:
+        """Choice `index` of the whole answer."""
+
+    def chunk(self, obj: str, choice: dict[str, Any], done: Done | None) -> str:
+        body = {**self.base(obj), "choices": [choice]}
+        if self.include_usage:
+            body["usage"] = None
+        if done is not None:
+            body["timings"] = self.timings(done)
+        return sse(body)
+
+    def closing(self, dones: list[Done]) -> list[str]:
+        usage = [sse({**self.base(self.chunk_object), "choices": [], "usage": self.usage(dones)})]
+        return [*(usage if self.include_usage else []), "data: [DONE]\n\n"]
+
+    def failed(self, error: ApiError, request_id: str) -> list[str]:
+        return [sse({"error": error.body(request_id)["error"]})]
+
+
+def finite(logprob: float) -> float:
+    """JSON has no infinity; OpenAI writes an impossible token's log-probability as -9999.
+    Nor NaN, which only a broken distribution gives: -9999 too, never an unwritable answer."""
+    return -9999.0 if math.isnan(logprob) else max(logprob, -9999.0)
+
+
+def logprob_entry(entry: Logprob | TopLogprob) -> dict[str, Any]:
+    shaped = {"token": entry.token, "logprob": finite(entry.logprob), "bytes": list(entry.raw)}
+    if isinstance(entry, Logprob):
+        shaped["top_logprobs"] = [logprob_entry(top) for top in entry.top]
+    return shaped
+
+
+router = dialect_router()
+
+
+@router.get("/models")
+def models(request: Request) -> dict[str, Any]:
+    """The concrete names (a `--served-model-name` glob answers, but is not listed), each
+    with the context length and the `max_tokens` a request that omits it gets."""
+    supervisor = request.app.state.supervisor
+    config = request.app.state.config
+    root = supervisor.source.model_id
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(supervisor.started_at),
+                "owned_by": "steward",
+                "root": root,
+                "context_length": supervisor.context_length,
+                "max_tokens_default": config.max_tokens_default or None,
+            }
+            for name in listed_names(root, config)
+        ],
+    }
