@@ -71,6 +71,7 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
     started = time.perf_counter()
     try:
         backend = load_backend(settings.source, Injector(settings.faults, settings.generation))
+        engine = _engine(backend, settings) if backend.batches else None
     except CONFIG_ERRORS as exc:
         send(LoadFailed(True, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
@@ -94,13 +95,21 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
     threading.Thread(
         target=_read, args=(channel, inbox, cancelled), daemon=True, name="reader"
     ).start()
-    if cancelled is not None:
+    if engine is None:
+        assert cancelled is not None
         _serve_alone(backend, inbox, cancelled, send)
     else:
-        from steward.worker.engine import Engine
-
-        engine = Engine(backend, settings.max_batch, settings.prompt_cache_bytes)
         _serve_batched(engine, inbox, send)
+
+
+def _engine(backend: Backend, settings: WorkerSettings) -> Engine:
+    """The batch engine, its kernels warmed for a first burst (warmup.py)."""
+    from steward.worker import warmup
+    from steward.worker.engine import Engine
+
+    engine = Engine(backend, settings.max_batch, settings.prompt_cache_bytes)
+    warmup.run(engine, settings.max_batch)
+    return engine
 
 
 def _serve_batched(
