@@ -4,8 +4,9 @@ A stall is no progress (a token, a prefill chunk) for longer than the work in ha
 take. A fixed `--stall-timeout` alone calls a healthy worker hung when the work is slow (a
 long prompt on a CPU, the first canary while kernels compile), so the deadline is the larger
 of that flag and `FACTOR` times what the speeds measured here say the next progress needs:
-the prompt tokens still to prefill at the slowest prefill speed seen, plus one decode step
-at the slowest step seen. Before anything is measured, the first canary is bounded by the
+the prompt tokens still to prefill at the median prefill speed of recent answers (a batched
+answer's own speed understates the device's, which errs on the safe side), plus one decode
+step at the slowest step seen. Before anything is measured, the first canary is bounded by the
 model's own load time. A real hang is caught within `max(--stall-timeout, FACTOR x that
 estimate)`.
 
@@ -17,6 +18,7 @@ canary that set the baseline; decode below `SLOW` of that baseline is `degraded`
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections import deque
 from collections.abc import Collection
@@ -30,7 +32,7 @@ log = logging.getLogger("steward.supervisor")
 
 FACTOR = 4.0  # headroom over the estimate: a loaded machine runs slower than it measured
 SLOW = 0.5  # decode below half the baseline: degraded
-KEPT = 16  # recent measurements kept; the slowest of them counts
+KEPT = 16  # recent measurements kept
 
 
 def plain(req: Generate) -> bool:
@@ -109,7 +111,7 @@ class Speeds:
         """Seconds of silence allowed while `prefill_tokens` wait to be computed."""
         estimate = self.canary_s or self.load_s  # nothing measured yet: the canary's own
         if self._prefill_tps and self._step_s:
-            estimate = prefill_tokens / min(self._prefill_tps) + max(self._step_s)
+            estimate = prefill_tokens / statistics.median(self._prefill_tps) + max(self._step_s)
         bound = FACTOR * estimate
         if bound > self.stall_timeout and not self._warned:
             self._warned = True
