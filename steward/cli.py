@@ -146,6 +146,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         byte_size,
         "KV cache kept for prompt prefixes across requests, LRU (0: none)",
     )
+    _flag(
+        p,
+        "responses-store-bytes",
+        byte_size,
+        "memory for stored Responses (store: true), oldest evicted first (0: none kept)",
+    )
+    _flag(p, "responses-store-age", float, "seconds a stored Response is kept")
     _flag(p, "inject-fault", str, "fault injection POINT:ACTION[:TRIGGER] (tests, drills)")
 
 

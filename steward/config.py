@@ -40,4 +40,6 @@ class ServeConfig:
     max_tokens_default: int = 4096  # the cap when a request gives no max_tokens (0: none)
     standby: str = "auto"  # auto, none, warm (runtime up, no model) or hot (model loaded)
     prompt_cache_bytes: int = 1024 * 1024 * 1024
+    responses_store_bytes: int = 128 * 1024 * 1024  # stored Responses, oldest out first
+    responses_store_age: float = 24 * 3600.0  # seconds a stored response is kept
     inject_fault: list[str] = field(default_factory=list)
