@@ -2,7 +2,7 @@
 
 Most backend faults are transient, so the members of a faulted batch first run again
 together, at batch speed. The fault itself may point at some of them (`primes`: the members
-whose prefill or first step it struck, while the others had already decoded): those are
+whose prefill or first step it struck, while most others had already decoded): those are
 tried alone, after the rest have run together, so a poison member that joined a decoding
 batch costs one more fault, and the innocents never wait on it. A group that faults again
 is split into parts tried one after another; only the part holding the poison faults, so
@@ -32,7 +32,7 @@ def after_fault(
     if len(suspects) <= 1:
         return [list(suspects)]
     rest = [s for s in suspects if s not in primes]
-    if primes and rest:
+    if primes and len(primes) <= len(rest):  # a few joined at the fault: they stand out
         return [rest, *([p] for p in primes)]
     if not regroup:
         return [list(suspects)]

@@ -66,6 +66,7 @@ def suspects(
         if len(jobs) == 1:
             return Plan(quarantined, too_big=rest)
         return Plan(quarantined, requeue=rest, shrink=True)
-    primes = [j for j in rest if not j.started]  # its prefill or first step was struck
+    # struck in its prefill or its first decode step (the prefill's token is its only one)
+    primes = [j for j in rest if j.fresh <= 1]
     tried = [g for g in groups.after_fault(rest, primes, regroup, affordable) if g]
     return Plan(quarantined, groups=tried)

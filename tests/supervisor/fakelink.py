@@ -132,17 +132,18 @@ class FakeLink:
             self.loop.call_later(s.delay.get(req.seq, ANSWER_AFTER), self._answer, req, None)
 
     def _first(self, req: Generate) -> None:
-        """A token at once, the rest once the gate opens."""
+        """Two tokens at once (past its first step), the rest once the gate opens."""
         if req.id not in self.sinks:
             return
         start = 100 + len(req.resume)
-        self._emit(req, [start], None)
+        self._emit(req, [start, start + 1], None)
         gate = self.script.gate
         assert gate is not None
 
         async def later() -> None:
             await gate.wait()
-            self._answer(msgspec.structs.replace(req, resume=[*req.resume, start]), None)
+            resume = [*req.resume, start, start + 1]
+            self._answer(msgspec.structs.replace(req, resume=resume), None)
 
         self.loop.create_task(later())
 

@@ -37,8 +37,10 @@ async def decoding(supervisor: Supervisor, n: int, same: bool, stream: bool = Tr
 async def replayed(supervisor: Supervisor, jobs: list[Job]) -> None:
     """Held until a fault has struck and these have begun again (or more faults struck)."""
     await until(
-        lambda: supervisor.faults.total >= 2
-        or (supervisor.faults.total == 1 and all(j.attempts == 2 and j.started for j in jobs))
+        lambda: (
+            supervisor.faults.total >= 2
+            or (supervisor.faults.total == 1 and all(j.attempts == 2 and j.started for j in jobs))
+        )
     )
 
 
@@ -75,10 +77,14 @@ def test_a_poison_joining_a_decoding_batch_costs_two_workers_and_no_innocent(sta
     run(scenario)
 
 
-def test_a_transient_crash_in_a_decoding_batch_replays_it_together_on_one_worker():
+@pytest.mark.parametrize("sent", [2, 1], ids=["mid-decode", "at-its-first-step"])
+def test_a_transient_crash_in_a_decoding_batch_costs_one_worker_and_no_answer(sent):
+    """Struck past every member's first step, the batch runs again as one group; struck at
+    one member's first step, the others run again together and then it alone."""
+
     async def scenario() -> None:
         gate = asyncio.Event()
-        script = Script(faults={8: [C.WORKER_CRASH]}, gate=gate, sent_before_fault=1)
+        script = Script(faults={8: [C.WORKER_CRASH]}, gate=gate, sent_before_fault=sent)
         supervisor = await start(script, max_batch=8)
         jobs = await decoding(supervisor, 7, same=False)
         jobs.append(submit(supervisor, 8, stream=True))
@@ -89,7 +95,8 @@ def test_a_transient_crash_in_a_decoding_batch_replays_it_together_on_one_worker
         assert all(tokens == list(range(100, 100 + TOKENS)) for tokens, _ in results)
         assert replacements(supervisor) == 1
         first = script.faulted_at[0]
-        assert script.in_flight[first:] == list(range(1, 9))  # one group of eight
+        groups = list(range(1, 9)) if sent == 2 else [*range(1, 8), 1]
+        assert script.in_flight[first:] == groups
         assert len(supervisor.quarantine) == 0
 
     run(scenario)
