@@ -137,9 +137,10 @@ async def _unless(gone: asyncio.Future[None], next_event: Awaitable[Token | Done
 
 
 async def _events(
-    waiters: list[Waiter], firsts: list[Token | Done]
-) -> AsyncIterator[tuple[int, Token | Done]]:
-    """Every choice's events, as they come: (choice, event). An error ends them all."""
+    waiters: list[Waiter], firsts: list[Token | Done], idle: float | None = None
+) -> AsyncIterator[tuple[int, Token | Done | None]]:
+    """Every choice's events, as they come: (choice, event), and (-1, None) after each
+    `idle` seconds without one. An error ends them all."""
     merged: asyncio.Queue[tuple[int, Token | Done | ApiError]] = asyncio.Queue()
 
     async def pump(index: int, waiter: Waiter, event: Token | Done) -> None:
@@ -159,7 +160,12 @@ async def _events(
     try:
         open_choices = len(waiters)
         while open_choices:
-            index, event = await merged.get()
+            try:
+                async with asyncio.timeout(idle):
+                    index, event = await merged.get()
+            except TimeoutError:
+                yield -1, None
+                continue
             if isinstance(event, ApiError):
                 raise event
             open_choices -= isinstance(event, Done)
@@ -177,8 +183,12 @@ async def _stream(
     try:
         for frame in answer.opening():
             yield frame
-        async with contextlib.aclosing(_events(waiters, firsts)) as events:
+        async with contextlib.aclosing(_events(waiters, firsts, answer.idle_seconds)) as events:
             async for index, event in events:
+                if event is None:
+                    for frame in answer.idle():
+                        yield frame
+                    continue
                 first = index not in opened
                 opened.add(index)
                 if isinstance(event, Done):

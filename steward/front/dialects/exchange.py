@@ -66,12 +66,16 @@ async def exchange(request: Request, model: str, ask: Ask, answer: Answer) -> Re
 
 def submit(request: Request, model: str, ask: Ask) -> list[Waiter]:
     """A job per choice, all or none. Without a client `max_tokens`, `--max-tokens-default`
-    caps the answer; where the prompt leaves less room than that, the context does."""
+    caps the answer (with `fit_context`, the client's own `max_tokens` does); where the
+    prompt leaves less room than that, the context does."""
     cap = request.app.state.config.max_tokens_default if ask.payload.max_tokens is None else 0
+    if ask.fit_context and ask.payload.max_tokens is not None:
+        cap = ask.payload.max_tokens
     waiters: list[Waiter] = []
     try:
         for choice in _choices(ask.payload, ask.choices):
-            whole = _starter(request, model, ask, choice)
+            unbounded = msgspec.structs.replace(choice, max_tokens=None) if cap else choice
+            whole = _starter(request, model, ask, unbounded)
             if not cap:
                 waiters.append(Waiter(request, whole()))
                 continue

@@ -22,17 +22,32 @@ class Ask:
     prompt_chars: int  # characters of the prompt's text (a cheap context bound)
     stream: bool = False
     choices: int = 1  # OpenAI's `n`: that many jobs, batch members sharing the prompt
+    # The context may end the answer before `max_tokens` (Anthropic's
+    # `model_context_window_exceeded`): a prompt that leaves less room than `max_tokens`
+    # gets the room there is, instead of a 400.
+    fit_context: bool = False
 
     @classmethod
-    def of(cls, params: dict[str, Any], prompt_chars: int, stream: bool, choices: int = 1) -> Ask:
+    def of(
+        cls,
+        params: dict[str, Any],
+        prompt_chars: int,
+        stream: bool,
+        choices: int = 1,
+        fit_context: bool = False,
+    ) -> Ask:
         """From `Generate`'s fields (`max_tokens` at least: None for the default cap)."""
         payload = Generate(id=0, seq=0, attempt=0, **params)
-        return cls(payload, prompt_chars, stream, choices)
+        return cls(payload, prompt_chars, stream, choices, fit_context)
 
 
 class Answer(ABC):
     """A dialect's answer translation: the jobs' events (one job per choice) into its
     response body, or into its stream's SSE frames (each method returns whole frames)."""
+
+    # A started stream silent this long (a resume waiting for a new worker and its prefill)
+    # writes `idle()`'s frames, and again after each such silence; None: never.
+    idle_seconds: float | None = None
 
     @abstractmethod
     def full(self, jobs: list[Job], dones: list[Done]) -> dict[str, Any]:
@@ -57,6 +72,10 @@ class Answer(ABC):
     @abstractmethod
     def failed(self, error: ApiError, request_id: str) -> list[str]:
         """A started stream that cannot go on (quarantine, deadline, recovery spent)."""
+
+    def idle(self) -> list[str]:
+        """Frames for a started stream's silence (`idle_seconds`): a dialect's keep-alive."""
+        return []
 
 
 def sse(body: dict[str, Any], event: str | None = None) -> str:
