@@ -1,6 +1,10 @@
 """OpenAI chat completions, `POST /v1/chat/completions`: the body (chat_schema.py) into an
 `Ask`, the jobs' events into a `chat.completion` or its `chat.completion.chunk` stream.
 
+A thinking model's thinking is `reasoning_content`, beside `content`, in the message and in
+the deltas (where a thinking delta's `content` is null, as DeepSeek's API writes it); its
+tokens are counted in `usage.completion_tokens_details.reasoning_tokens`.
+
 A forced tool call (`tool_choice` `required` or named) is an answer whose whole text is
 the call's JSON, which the worker turns into `tool_calls`: that text is never content, so
 an answer cut by `max_tokens` before its first call's name is whole is empty content
@@ -56,6 +60,8 @@ class ChatAnswer(OpenAIAnswer):
     def choice(self, index: int, job: Job, done: Done) -> dict[str, Any]:
         text = "" if self.forced else "".join(job.text)
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if job.reasoning:
+            message["reasoning_content"] = "".join(job.reasoning)
         if calls := self._calls(index, job.calls):
             message |= self._shaped(calls)
             message["content"] = text or None
@@ -66,10 +72,13 @@ class ChatAnswer(OpenAIAnswer):
         text = "" if self.forced else token.text
         calls = self._calls(index, token.calls, stream=True)
         logprobs = self._logprobs([token.logprob]) if token.logprob else None
-        if not (first or text or calls or logprobs):
+        thinking = token.reasoning
+        if not (first or text or thinking or calls or logprobs):
             return []  # a forced call's text: nothing the client may see
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        delta["content"] = text
+        if thinking:
+            delta["reasoning_content"] = thinking
+        delta["content"] = text if text or not thinking else None
         if calls:
             delta |= self._shaped(calls)
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
@@ -79,6 +88,12 @@ class ChatAnswer(OpenAIAnswer):
         opening = self.delta(index, Token(-1, -1, ""), first=True) if first else []
         choice = {"index": index, "delta": {}, "logprobs": None, **self._finish(done)}
         return [*opening, self.chunk(self.chunk_object, choice, done)]
+
+    @staticmethod
+    def usage(dones: list[Done]) -> dict[str, Any]:
+        """OpenAI's, with the thinking tokens among the completion's counted apart."""
+        details = {"reasoning_tokens": sum(done.reasoning_tokens for done in dones)}
+        return OpenAIAnswer.usage(dones) | {"completion_tokens_details": details}
 
     def _finish(self, done: Done) -> dict[str, str]:
         finish = done.finish_reason

@@ -25,7 +25,7 @@ MAX_TOOL_CALLS = 128  # in one assistant message of the history
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 Name = Annotated[str, Field(pattern=FUNCTION_NAME.pattern)]
-Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class TextPart(Strict):
@@ -73,6 +73,7 @@ class Message(Strict):
     tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None
     tool_call_id: str | None = Field(None, max_length=MAX_NAME_CHARS)
     refusal: str | None = None  # sent back by clients that replay an answer as history
+    reasoning_content: str | None = None  # an answer's thinking, sent back with it
     function_call: CalledFunction | None = None  # legacy: an assistant's one call
 
     @model_validator(mode="after")
@@ -114,6 +115,8 @@ class Message(Strict):
             message |= {"role": "tool", "tool_call_id": self.name}
         if self.tool_call_id:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content and self.role == "assistant":
+            message["reasoning_content"] = self.reasoning_content  # templates may render it
         if self.name:
             message["name"] = self.name
         return message
