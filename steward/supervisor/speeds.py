@@ -12,7 +12,8 @@ estimate)`.
 
 Which answers measure the backend: only a request decoded alone, whole (not resumed), with
 nothing shaping its logits or read per token, says how fast the backend decodes, like the
-canary that set the baseline; decode below `SLOW` of that baseline is `degraded`.
+canary that set the baseline; when the median of the last few such answers is below `SLOW`
+of that baseline, the backend is `degraded` (one answer alone is noise on a busy machine).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ log = logging.getLogger("steward.supervisor")
 FACTOR = 4.0  # headroom over the estimate: a loaded machine runs slower than it measured
 SLOW = 0.5  # decode below half the baseline: degraded
 KEPT = 16  # recent measurements kept
+LIKE = 5  # requests like the canary whose median is the recent decode speed (one is noise)
+JUDGED = 3  # of them, the fewest that judge the backend slow
 
 
 def plain(req: Generate) -> bool:
@@ -57,7 +60,8 @@ class Speeds:
         self.load_s = 0.0  # the first worker's model load
         self.canary_s = 0.0  # the first canary, whole
         self.baseline_tps = 0.0  # the first canary's decode speed
-        self.recent_tps = 0.0  # the last request that measures the backend
+        self.recent_tps = 0.0  # the median of the last requests that measure the backend
+        self._like: deque[float] = deque(maxlen=LIKE)
         self._prefill_tps: deque[float] = deque(maxlen=KEPT)
         self._step_s: deque[float] = deque(maxlen=KEPT)
         self._warned = False
@@ -84,11 +88,12 @@ class Speeds:
         """A client's answer: measured, and the recent speed if it is like the canary's."""
         self.measure(done)
         if whole and done.batch == 1 and plain(req) and done.completion_tokens >= 8:
-            self.recent_tps = done.decode_tps
+            self._like.append(done.decode_tps)
+            self.recent_tps = statistics.median(self._like)
 
     def slow(self) -> str | None:
         """Why decode counts as slow now, if it does."""
-        if self.recent_tps and self.recent_tps < SLOW * self.baseline_tps:
+        if len(self._like) >= JUDGED and self.recent_tps < SLOW * self.baseline_tps:
             return f"decode {self.recent_tps:.1f} tok/s, under half of {self.baseline_tps:.1f}"
         return None
 

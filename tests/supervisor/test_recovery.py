@@ -265,9 +265,14 @@ def test_slow_decode_is_degraded(serve, tiny_model) -> None:
     for more in ({"logprobs": True}, {"temperature": 1.0, "top_p": 0.5}):
         assert server.http.post("/v1/chat/completions", json={**slow, **more}).is_success
         assert server.health().json()["status"] == "ready"
+    # the median of the last five like the canary decides: one slow answer is noise
     assert server.http.post("/v1/chat/completions", json=slow).status_code == 200
+    assert server.health().json()["status"] == "ready"
+    for _ in range(2):
+        assert server.http.post("/v1/chat/completions", json=slow).status_code == 200
     assert server.health().json()["status"] == "degraded"
-    assert server.http.post("/v1/chat/completions", json={**BODY, "max_tokens": 10}).is_success
+    for _ in range(3):
+        assert server.http.post("/v1/chat/completions", json={**BODY, "max_tokens": 10}).is_success
     assert server.health().json()["status"] == "ready"
 
 
