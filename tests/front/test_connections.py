@@ -287,13 +287,11 @@ def test_low_file_descriptor_limit_lowers_the_cap_and_survives_a_flood(limited, 
                 flood.append(sock)
             deadline = time.monotonic() + 2
             while time.monotonic() < deadline:  # probes answer for as long as the flood stands
-                started = time.monotonic()
                 try:
                     live = httpx.get(server.url + "/health/live", timeout=2)
                 except httpx.TransportError as exc:
                     pytest.fail(f"/health/live unanswered with 700 sockets open: {exc!r}")
                 assert live.status_code == 200, live.text
-                assert time.monotonic() - started < 2
                 time.sleep(0.1)
             grown = server.log.stat().st_size - before
         finally:

@@ -1,11 +1,10 @@
-"""The front/worker channel: typed messages, framing, and a per-token cost far below 1 ms."""
+"""The front/worker channel: typed messages and framing (their cost: bench/protocol.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import threading
-import time
 
 from steward.wire.channel import AsyncChannel, BlockingChannel
 from steward.wire.protocol import (
@@ -41,19 +40,9 @@ def test_messages_round_trip() -> None:
     assert decode_from_worker(encode(failed)) == failed
 
 
-def test_a_step_of_32_members_costs_the_front_little() -> None:
-    """One message per decode step for the whole batch: decoding it stays far below the
-    time of a GPU decode step (milliseconds)."""
-    step = encode(Step(tokens=[Token(i, 1000 + i, " token") for i in range(32)]))
-    started = time.perf_counter()
-    for _ in range(2000):
-        decode_from_worker(step)
-    per_step = (time.perf_counter() - started) / 2000
-    assert per_step < 200e-6, f"{per_step * 1e6:.1f} µs per 32-member step"
-
-
-def test_token_streaming_overhead_is_far_below_a_millisecond() -> None:
-    """Worker thread sends tokens as fast as it can; the front's asyncio side decodes them."""
+def test_every_token_streamed_arrives_in_order() -> None:
+    """A worker thread sends tokens as fast as it can; the front's asyncio side decodes them
+    all, in order (their cost per token is bench.protocol's to measure)."""
     count = 20_000
     front, worker = socket.socketpair()
 
@@ -63,16 +52,12 @@ def test_token_streaming_overhead_is_far_below_a_millisecond() -> None:
             channel.send(encode(Step(tokens=[Token(1, i, " token")])))
         channel.send(encode(Step(done=[Done(1, "length", 1, count, 0.0, 0.0)])))
 
-    async def consume() -> int:
+    async def consume() -> list[int]:
         channel = await AsyncChannel.open(front)
-        seen = 0
+        seen: list[int] = []
         while not (step := decode_from_worker(await channel.recv())).done:
-            seen += len(step.tokens)
+            seen += [t.token for t in step.tokens]
         return seen
 
-    started = time.perf_counter()
     threading.Thread(target=produce).start()
-    seen = asyncio.run(consume())
-    per_token = (time.perf_counter() - started) / count
-    assert seen == count
-    assert per_token < 100e-6, f"{per_token * 1e6:.1f} µs per token"
+    assert asyncio.run(consume()) == list(range(count))
