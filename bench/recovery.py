@@ -19,7 +19,10 @@ noticed.
 together: N - 1 clients each stream `--rounds` answers back to back, and once all of them
 are decoding, a quarter into their answers (at the batch's speed measured in a warm-up), one
 more request joins. In the `crash` run that joiner is the server's request 2N and
-`decode:crash:nth=2N` kills the worker at its second token; in the `poison` run it carries
+`decode:crash:nth=2N` kills the worker at its second token (so the joiner is the fault's
+prime suspect, tried alone after the others); in the `crash-mid` run the crash strikes a
+decoding member mid-answer (`decode:crash:nth=N+1@K`, K half the answer: no member is at
+its first step, the batch runs again as one group); in the `poison` run the joiner carries
 `decode:poison:marker=M`. Printed per run: the worst gap between two content deltas any
 stream saw, TTFT p50/p95, innocent requests answered and failed, worker replacements, and
 whether the poison was quarantined. Each run gets a server of its own, unless `--url` names
@@ -193,7 +196,7 @@ def batch_run(fault: str, url: str, args: argparse.Namespace) -> BatchRun:
     spare_ready(url, str(httpx.get(url + "/health").json()["standby"].get("mode", "none")))
     text = STORY[0]["content"] + (f" {MARKER}" if fault == "poison" else "")
     innocents, joiner = asyncio.run(full_batch(url, args.clients, args.rounds, args.tokens, text))
-    if fault == "crash":
+    if fault.startswith("crash"):
         innocents.append(joiner)  # the crash's own request is innocent too
     deadline = time.monotonic() + 600
     while (health := httpx.get(url + "/health").json())["status"] not in ("ready", "degraded"):
@@ -210,7 +213,11 @@ def batch_main(args: argparse.Namespace) -> None:
 
         model = build(Path(tempfile.mkdtemp()), model, args.random, None)
     n = args.clients
-    specs = {"crash": f"decode:crash:nth={2 * n}", "poison": f"decode:poison:marker={MARKER}"}
+    specs = {
+        "crash": f"decode:crash:nth={2 * n}",
+        "crash-mid": f"decode:crash:nth={n + 1}@{max(2, args.tokens // 2)}",
+        "poison": f"decode:poison:marker={MARKER}",
+    }
     print(f"model {args.url or model}, {n} streams of {args.tokens} tokens, {args.rounds} rounds")
     print(f"(standby: {args.standby}; with --url, the server's own)")
     runs = []
@@ -242,6 +249,9 @@ def batch_main(args: argparse.Namespace) -> None:
         )
         if errors:
             print(f"  {run.fault} errors: {errors}")
+        if isinstance(run.joiner, Streamed):
+            own = max(gaps(run.joiner), default=0.0)
+            print(f"  {run.fault}: the joiner's own worst gap {own:.3f} s")
         if run.fault == "poison" and poison == "NOT":
             print(f"  the poison request ended: {run.joiner}")
         print(f"  {run.fault}: standby {run.health['standby']}, last fault {faults['last']}")
@@ -262,7 +272,7 @@ def main() -> None:
     batch.add_argument("--clients", type=int, default=32)
     batch.add_argument("--tokens", type=int, default=128)
     batch.add_argument("--rounds", type=int, default=2, help="answers per client")
-    batch.add_argument("--runs", default="crash,poison")
+    batch.add_argument("--runs", default="crash-mid,crash,poison")
     args = parser.parse_args()
     if args.batch:
         args.standby = args.standby or "auto"

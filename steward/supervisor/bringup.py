@@ -206,7 +206,6 @@ class BringUp:
             return False
         self.seconds = time.monotonic() - self.since
         log.info("worker %d ready in %.2f s", link.generation, self.seconds)
-        self.standby.refill()
         return True
 
     def _adopt(self, msg: Ready) -> None:

@@ -43,6 +43,11 @@ class Scheduler:
         waiting = sum(j.status is S.SUSPECT for group in self.probation for j in group)
         return waiting + len(self.group or [])
 
+    @property
+    def replaying(self) -> bool:
+        """Suspects of a fault still wait for their group, or a group runs."""
+        return bool(self.probation) or self.group is not None
+
     def unfinished(self) -> list[Job]:
         """Every job not ended: running, on probation, queued."""
         jobs = [*self.running.values(), *(j for g in self.probation for j in g), *self.queue]

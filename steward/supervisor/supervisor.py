@@ -146,6 +146,8 @@ class Supervisor:
             while True:
                 assert self.link is not None
                 self.jobs.start_next(self.link)
+                if not self.scheduler.replaying:  # a spare starting slows a replay
+                    self.bringup.standby.refill()
                 await self._watch()
         except Exit as exc:
             state = State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING

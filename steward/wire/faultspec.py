@@ -26,16 +26,20 @@ class FaultSpec:
     marker: str | None = None
     period: float | None = None  # seconds: a chaos schedule (bench/soak.py)
     offset: float = 0.0  # seconds before the first period's request
+    token: int | None = None  # `nth=N@K`: at the request's K-th token (decode), not its first
 
     @property
     def every(self) -> bool:
         return self.nth is None and self.marker is None and self.period is None
 
-    def matches(self, seq: int, attempt: int, prompt: str, generation: int) -> bool:
+    def matches(self, seq: int, attempt: int, prompt: str, generation: int, token: int = 0) -> bool:
         """`nth` counts requests the server received (the front numbers them, across
         workers) and fires on a request's first attempt only, so a replay is not faulted
-        again; `marker` fires on every attempt (a poison request); for `load`, `nth`
+        again (with `@K`, at its K-th token: a fault mid-answer, past the request's first
+        steps); `marker` fires on every attempt (a poison request); for `load`, `nth`
         counts workers."""
+        if self.token is not None and token != self.token:
+            return False
         if self.every:
             return True
         if self.marker is not None:
@@ -63,8 +67,12 @@ def parse(text: str) -> FaultSpec:
     if trigger == "every":
         return FaultSpec(point, name, seconds, nth=None)
     key, _, value = trigger.partition("=")
-    if key == "nth" and value.isdigit() and int(value) >= 1:
-        return FaultSpec(point, name, seconds, nth=int(value))
+    nth, _, at = value.partition("@")
+    if key == "nth" and nth.isdigit() and int(nth) >= 1 and (not at or point == "decode"):
+        if not at:
+            return FaultSpec(point, name, seconds, nth=int(nth))
+        if at.isdigit() and int(at) >= 2:
+            return FaultSpec(point, name, seconds, nth=int(nth), token=int(at))
     if key == "marker" and value and point != "load":
         return FaultSpec(point, name, seconds, nth=None, marker=value)
     if key == "period" and point not in ("load", "supervisor"):
@@ -75,7 +83,8 @@ def parse(text: str) -> FaultSpec:
                     point, name, seconds, None, None, float(period), float(offset or 0)
                 )
     raise ValueError(
-        f"fault spec {text!r}: trigger must be nth=N, every, marker=TEXT or period=S[+OFFSET]"
+        f"fault spec {text!r}: trigger must be nth=N (decode: nth=N@K, K >= 2), every, "
+        "marker=TEXT or period=S[+OFFSET]"
     )
 
 

@@ -275,7 +275,8 @@ class Engine:
             member.count += 1
             member.first = member.first or now
             if member.count > 1:  # not its first token
-                self.backend.injector.hit("decode", req.seq, req.attempt, member.marked, req.armed)
+                injector = self.backend.injector
+                injector.hit("decode", req.seq, req.attempt, member.marked, req.armed, member.count)
         piece = member.answer.feed(int(out.token) if real else None, out.finish_reason)
         if real or not piece.empty:
             tokens.append(piece.token(req.id, int(out.token) if real else -1, logprob))

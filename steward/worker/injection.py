@@ -31,7 +31,13 @@ class Injector:
         self.poisoned = False
 
     def hit(
-        self, point: str, seq: int = 0, attempt: int = 1, prompt: str = "", armed: list[int] = ()
+        self,
+        point: str,
+        seq: int = 0,
+        attempt: int = 1,
+        prompt: str = "",
+        armed: list[int] = (),
+        token: int = 0,  # the request's token count, at a decode point
     ) -> None:
         if self.poisoned:
             raise RuntimeError(GPU_TIMEOUT)
@@ -41,7 +47,7 @@ class Injector:
             if spec.period is not None:
                 if i in armed and attempt == 1:
                     self._act(spec)
-            elif spec.matches(seq, attempt, prompt, self.generation):
+            elif spec.matches(seq, attempt, prompt, self.generation, token):
                 self._act(spec)
 
     def _act(self, spec: FaultSpec) -> None:

@@ -67,6 +67,7 @@ def test_describe_exit() -> None:
         ("prefill:crash", FaultSpec("prefill", "crash", nth=1)),
         ("decode:hang:period=100+40", FaultSpec("decode", "hang", 0, None, None, 100.0, 40.0)),
         ("supervisor:crash:nth=2", FaultSpec("supervisor", "crash", nth=2)),
+        ("decode:crash:nth=5@40", FaultSpec("decode", "crash", nth=5, token=40)),
     ],
 )
 def test_parse(text: str, spec: FaultSpec) -> None:
@@ -88,6 +89,9 @@ def test_parse(text: str, spec: FaultSpec) -> None:
         "decode:raise:period=0",
         "decode:raise:period=5+x",
         "supervisor:hang",
+        "prefill:crash:nth=5@40",
+        "decode:crash:nth=5@1",
+        "decode:crash:nth=5@x",
     ],
 )
 def test_parse_refuses(text: str) -> None:
@@ -97,7 +101,7 @@ def test_parse_refuses(text: str) -> None:
 
 def test_periods_arm_one_request_per_period(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
-    monkeypatch.setattr("steward.worker.injection.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("steward.wire.faultspec.time.monotonic", lambda: clock[0])
     periods = Periods(parse_all(["decode:raise:period=100+20;decode:crash:period=100+40"]))
     seen = []
     for now in (1000, 1021, 1022, 1041, 1100, 1121, 1141, 1300, 1300.5, 1301):
@@ -126,3 +130,13 @@ def test_restart_intensity() -> None:
     assert intensity.in_window() == 2
     expired = RestartIntensity(max_restarts=1, window=0)
     assert expired.allow() and expired.allow()
+
+
+def test_nth_at_a_token_fires_mid_answer_only() -> None:
+    injector = Injector([parse("decode:raise:nth=3@5")], generation=1)
+    for token in (2, 3, 4, 6):
+        injector.hit("decode", 3, 1, token=token)  # not its 5th token: nothing
+    injector.hit("decode", 4, 1, token=5)  # another request's 5th: nothing
+    with pytest.raises(RuntimeError, match="GPU Timeout"):
+        injector.hit("decode", 3, 1, token=5)
+    injector.hit("decode", 3, 2, token=5)  # its replay is not faulted again
