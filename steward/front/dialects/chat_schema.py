@@ -2,7 +2,8 @@
 
 Bounds live here (message counts, parts, tools, names), beside the shared sampling ones
 (openai.py). Fields OpenAI documents that change nothing here are accepted on purpose and
-documented as no-ops: `prompt_cache_key` (the prompt cache is automatic), `safety_identifier`,
+documented as no-ops: `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`
+(the prompt cache is automatic; prewarming is refused), `safety_identifier`,
 `verbosity`; `modalities` may only ask for text. `reasoning_effort` turns a thinking model's
 thinking off (`none`, `minimal`) or on. The legacy `functions` / `function_call` are read as
 `tools` / `tool_choice`, and answered in their own legacy shape (chat.py).
@@ -164,6 +165,21 @@ class ResponseFormat(Strict):
 ToolChoice = Literal["none", "auto", "required"] | NamedTool
 
 
+class PromptCacheOptions(Strict):
+    """The prompt cache is automatic; only prewarming would change the answer (none)."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+    comparison_response_id: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    prewarm: bool | None = None
+
+    @model_validator(mode="after")
+    def _prewarm(self) -> PromptCacheOptions:
+        if self.prewarm:
+            raise ValueError("prompt_cache_options.prewarm: not supported (the cache is automatic)")
+        return self
+
+
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: Tokens | None = None
@@ -180,6 +196,8 @@ class ChatRequest(Sampling):
     modalities: list[str] | None = Field(None, max_length=4)
     # Accepted, no effect here: the prompt cache is automatic; one model, one verbosity.
     prompt_cache_key: str | None = Field(None, max_length=1024)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     safety_identifier: str | None = Field(None, max_length=MAX_NAME_CHARS)
     verbosity: Literal["low", "medium", "high"] | None = None
 

@@ -20,7 +20,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from steward.front.dialects.chat_schema import MAX_MESSAGES, MAX_PARTS, MAX_TOOLS, Effort, Name
+from steward.front.dialects.chat_schema import (
+    MAX_MESSAGES,
+    MAX_PARTS,
+    MAX_TOOLS,
+    Effort,
+    Name,
+    PromptCacheOptions,
+)
 from steward.front.dialects.openai import MAX_NAME_CHARS, MAX_TOP_LOGPROBS, Strict, Tokens
 
 MAX_ID_CHARS = 256
@@ -244,21 +251,6 @@ class ReasoningConfig(Strict):
 
 class StreamOptions(Strict):
     include_obfuscation: bool | None = None  # no obfuscation is ever added
-
-
-class PromptCacheOptions(Strict):
-    """The prompt cache is automatic; only prewarming would change the answer (none)."""
-
-    mode: Literal["implicit", "explicit"] | None = None
-    ttl: Literal["30m", "12h"] | None = None
-    comparison_response_id: str | None = Field(None, max_length=MAX_ID_CHARS)
-    prewarm: bool | None = None
-
-    @model_validator(mode="after")
-    def _prewarm(self) -> PromptCacheOptions:
-        if self.prewarm:
-            raise ValueError("prompt_cache_options.prewarm: not supported (the cache is automatic)")
-        return self
 
 
 class AccessPrograms(Strict):
