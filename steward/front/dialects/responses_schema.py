@@ -277,7 +277,9 @@ class ResponsesRequest(Strict):
     store: bool | None = None
     previous_response_id: str | None = Field(None, max_length=MAX_ID_CHARS)
     include: Annotated[list[INCLUDABLE], Field(max_length=16)] | None = None
-    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
+    metadata: (
+        dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None
+    ) = Field(None, max_length=16)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     truncation: Literal["auto", "disabled"] | None = None
