@@ -6,8 +6,9 @@ resumed stream is compared with what it must be.
   streamed, thinking off, `count_tokens` equal to the engine's own count, `x-api-key`;
 - a scripted tool model (a call to `get_weather` in LFM2's format): `tool_use` blocks,
   a `tool_use` -> `tool_result` round trip, forced calls and JSON answers under a grammar;
-- worker crashes mid-stream (`decode:crash:nth=1`): the events equal the unfaulted run's,
-  the same content block going on; a poison stream ends in the `error` event;
+- worker crashes mid-stream (`decode:crash:nth=1@K`, at the K-th token): the events equal
+  the unfaulted run's, the same content block going on; a poison stream ends in its `error`
+  event;
 - a 503 while the worker is replaced, retried by the SDK on its own.
 And the SDK's own `messages.create` signature against docs/dialects/anthropic.md.
 """
@@ -258,27 +259,30 @@ def test_forced_calls_and_json_answers_follow_their_schema(caller: Server) -> No
 # -- faults ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("strike", "where"),
+    [(3, "inside the thinking block"), (6, "at the first token of the text block")],
+)
 def test_a_thinking_stream_resumes_in_the_same_block(
-    tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path, serve
+    thinking_model: Path, serve, strike: int, where: str
 ) -> None:
-    """The template opens the thinking block, so the first token is thinking the client
-    has when the worker crashes at the second: the resumed stream goes on in that block."""
-    model = build_thinking_model(
-        tmp_path_factory.mktemp("opens") / "opens", default_model_dir, opens=True
-    )
-    server = serve(
-        "--model", str(model), "--stall-timeout", "2", "--inject-fault", "decode:crash:nth=1"
-    )
+    """The worker crashes at the answer's `strike`-th token (`<think>`, ` Let`, ` me`,
+    ` see`, `</think>`, ` Paris`, ` indeed`), with the tokens before it sent: the resumed
+    stream's events are the unfaulted run's, its block going on where it was."""
+    server = serve("--model", str(thinking_model), "--inject-fault", f"decode:crash:nth=1@{strike}")
     server.wait()
     client = sdk(server)
     params = {"model": "default", "max_tokens": 32, "messages": ASK}
     faulted = raw(client, **params)
-    assert server.health().json()["faults"]["total"] == 1
-    assert faulted == raw(client, **params)
+    assert server.health().json()["faults"]["total"] == 1, where
+    assert faulted == raw(client, **params), where
     starts = [e["content_block"]["type"] for e in faulted if e["type"] == "content_block_start"]
     assert starts == ["thinking", "text"]
-    thought = "".join(e["delta"].get("thinking") or "" for e in faulted if "delta" in e)
-    assert thought == THINKING.lstrip() and faulted[-2]["usage"]["output_tokens"] == 6
+    deltas = [e["delta"] for e in faulted if e["type"] == "content_block_delta"]
+    assert "".join(d.get("thinking", "") for d in deltas) == THINKING
+    assert "".join(d.get("text", "") for d in deltas) == ANSWER
+    assert deltas[3] == {"type": "signature_delta", "signature": signature(THINKING)}
+    assert faulted[-2]["usage"]["output_tokens"] == 7
 
 
 def test_a_text_stream_resumes_and_a_poison_one_ends_in_its_error_event(tiny_model, serve) -> None:
@@ -288,7 +292,7 @@ def test_a_text_stream_resumes_and_a_poison_one_ends_in_its_error_event(tiny_mod
         "--stall-timeout",
         "2",
         "--inject-fault",
-        "decode:crash:nth=1;decode:crash:marker=POISON",
+        "decode:crash:nth=1@6;decode:crash:marker=POISON",
     )
     server.wait()
     client = sdk(server)

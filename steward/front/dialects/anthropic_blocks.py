@@ -12,7 +12,7 @@ steward does not serve (documents, search results, server tools' blocks) is a 40
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
@@ -57,15 +57,19 @@ class Unserved(Strict):
     """A block type of Anthropic's that steward does not serve: a 400 naming it."""
 
     type: str
+    served: ClassVar[str] = (
+        "text, image, tool_use, tool_result, thinking and redacted_thinking blocks"
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _refuse(cls, value: Any) -> Any:
         found = value.get("type") if isinstance(value, dict) else None
-        raise ValueError(
-            f"{found!r} blocks are not served here (steward takes text, image, "
-            "tool_use, tool_result, thinking and redacted_thinking blocks)"
-        )
+        raise ValueError(f"{found!r} blocks are not served here (steward takes {cls.served})")
+
+
+class UnservedResult(Unserved):
+    served: ClassVar[str] = "text blocks in a tool's result: the template's tool turn is text"
 
 
 class TextBlock(Cached):
@@ -121,7 +125,7 @@ class ToolUseBlock(Cached):
 
 
 ResultBlock = Annotated[
-    Annotated[TextBlock, Tag("text")] | Annotated[Unserved, Tag("unserved")],
+    Annotated[TextBlock, Tag("text")] | Annotated[UnservedResult, Tag("unserved")],
     _kind(("text",)),
 ]
 
