@@ -540,3 +540,48 @@ def test_the_routes_are_documented_in_anthropics_envelope() -> None:
         schema = responses["503"]["content"]["application/json"]["schema"]
         assert schema["$ref"].endswith("/AnthropicError")
     assert "text/event-stream" in paths["/v1/messages"]["post"]["responses"]["200"]["content"]
+
+
+def png() -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (4, 4), "red").save(out, "PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def test_images_reach_a_vision_model_in_place() -> None:
+    http, supervisor = client(hello)
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": png()},
+    }
+    content = [{"type": "text", "text": "What is this?"}, image]
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": content}]}
+    refused = http.post("/v1/messages", json=body)
+    assert (
+        refused.status_code == 400 and "does not take images" in refused.json()["error"]["message"]
+    )
+    supervisor.vision = True
+    assert http.post("/v1/messages", json=body).status_code == 200
+    request = sent(supervisor)
+    assert request.messages == [
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"}, {"type": "image"}]}
+    ]
+    assert len(request.images) == 1 and request.images[0].startswith(b"\x89PNG")
+    remote = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": [remote]}]}
+    answer = http.post("/v1/messages", json=body)
+    assert answer.status_code == 400 and "remote image URLs are refused" in answer.text
+
+
+def test_a_system_message_in_the_conversation_is_a_system_turn() -> None:
+    http, supervisor = client(hello)
+    messages = [{"role": "system", "content": "Be brief."}, *ASK]
+    assert (
+        http.post("/v1/messages", json={"max_tokens": 4, "messages": messages}).status_code == 200
+    )
+    assert sent(supervisor).messages == [{"role": "system", "content": "Be brief."}, *ASK]
