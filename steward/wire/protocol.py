@@ -179,6 +179,7 @@ class Done(_Msg):
     cached_tokens: int = 0
     batch: int = 1
     reasoning_tokens: int = 0  # of completion_tokens, those that were thinking (markers too)
+    stop_sequence: str = ""  # the stop string that ended the answer, if one did
 
 
 class Rejected(_Msg):

@@ -55,6 +55,11 @@ class Answer:
         self.split = split
 
     @property
+    def stop_sequence(self) -> str:
+        """The stop string that ended the answer, if one did."""
+        return self.stops.matched
+
+    @property
     def reasoning_tokens(self) -> int:
         """Of the tokens fed (resumed ones included), those that were thinking."""
         return self.split.tokens if self.split is not None else 0

@@ -385,6 +385,7 @@ class Engine:
             cached_tokens=member.cached_tokens,
             batch=member.batch,
             reasoning_tokens=member.answer.reasoning_tokens,
+            stop_sequence=member.answer.stop_sequence,
         )
 
     def _cached(self, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:

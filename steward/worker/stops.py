@@ -7,13 +7,15 @@ class StopMatcher:
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.matched = ""  # the stop string that ended the text, once one has
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit now, whether a stop string was reached)."""
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self.pending.find(s)) >= 0]
         if hits:
-            out, self.pending = self.pending[: min(hits)], ""
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            out, self.pending = self.pending[:at], ""
             return out, True
         hold = max((overlap(self.pending, s) for s in self.stops), default=0)
         cut = len(self.pending) - hold

@@ -259,4 +259,5 @@ def done(
         ttft=first - start,
         decode_tps=(new - 1) / elapsed if new > 1 and elapsed > 0 else 0.0,
         reasoning_tokens=answer.reasoning_tokens,
+        stop_sequence=answer.stop_sequence,
     )

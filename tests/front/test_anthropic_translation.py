@@ -372,6 +372,17 @@ def test_the_stream_is_anthropics_event_grammar() -> None:
     assert ending["usage"]["input_tokens"] == 5 and ending["usage"]["output_tokens"] == 5
 
 
+def test_a_stop_string_is_named_whole_and_streamed() -> None:
+    stopped = Done(0, "stop", 5, 2, 0.01, 100.0, stop_sequence="END")
+    http, _ = client(lambda job: [Token(0, 1, " Paris"), Token(0, 2, " now"), stopped])
+    body = BODY | {"stop_sequences": ["END"]}
+    message = http.post("/v1/messages", json=body).json()
+    assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", "END")
+    seen = events(http.post("/v1/messages", json=body | {"stream": True}).text)
+    ending = seen[-2][1]
+    assert ending["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+
+
 def test_tool_calls_are_tool_use_blocks_whole_and_streamed() -> None:
     def calls(job):
         return [

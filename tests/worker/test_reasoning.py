@@ -116,6 +116,8 @@ def test_stop_strings_apply_to_the_answer_only(engine) -> None:
     in_answer = run(engine, chat(7, stop=[" indeed"]))[7]
     assert (in_answer.reasoning, in_answer.text) == (THINKING, " Paris")
     assert in_answer.done.finish_reason == "stop"
+    assert in_answer.done.stop_sequence == " indeed"  # named: Messages' `stop_sequence`
+    assert in_thinking.done.stop_sequence == ""  # the model's own end
 
 
 def test_tool_calls_are_found_in_the_answer_only() -> None:

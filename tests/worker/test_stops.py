@@ -28,5 +28,13 @@ def test_earliest_of_several() -> None:
     assert feed_all(["b", "a"], ["xxab"]) == ("xx", True)
 
 
+def test_the_stop_string_that_matched_is_named() -> None:
+    matcher = StopMatcher(["b", "a", "zz"])
+    assert matcher.matched == ""
+    matcher.feed("xx")
+    assert matcher.feed("ab") == ("", True)
+    assert matcher.matched == "a"  # the earliest in the text, not in the list
+
+
 def test_no_stops_passes_through() -> None:
     assert feed_all([], ["a", "b"]) == ("ab", False)

@@ -83,6 +83,7 @@ class MessageAnswer(Answer):
         return {
             **self.message(content),
             "stop_reason": self.stop_reason(done),
+            "stop_sequence": done.stop_sequence or None,
             "usage": self.usage(done) | {"service_tier": "standard"},
         }
 
@@ -94,7 +95,7 @@ class MessageAnswer(Answer):
             "model": self.model,
             "content": content,
             "stop_reason": None,
-            "stop_sequence": None,  # the worker does not say which stop string ended it
+            "stop_sequence": None,
             "stop_details": None,
             "container": None,
             "diagnostics": None,
@@ -118,7 +119,7 @@ class MessageAnswer(Answer):
         if done.finish_reason == "length":  # the context ended it first (`Ask.fit_context`)
             short = done.completion_tokens < self.max_tokens
             return "model_context_window_exceeded" if short else "max_tokens"
-        return "end_turn"
+        return "stop_sequence" if done.stop_sequence else "end_turn"
 
     def usage(self, done: Done) -> dict[str, Any]:
         """Anthropic counts the prompt in parts: read from the prompt cache, and the rest;
@@ -151,7 +152,8 @@ class MessageAnswer(Answer):
         return frames
 
     def finished(self, index: int, done: Done, first: bool) -> list[str]:
-        delta = {"stop_reason": self.stop_reason(done), "stop_sequence": None}
+        stop = done.stop_sequence or None
+        delta = {"stop_reason": self.stop_reason(done), "stop_sequence": stop}
         ending = {"type": "message_delta", "delta": delta, "usage": self.usage(done)}
         return [*self.blocks.close(), event(ending)]
 
