@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from steward.config import ServeConfig
 from steward.errors import ApiError
+from steward.supervisor.events import Observers
 from steward.supervisor.faults import Fault, FaultLog
 from steward.supervisor.jobs import Job
 from steward.supervisor.quarantine import Quarantine
@@ -54,16 +55,17 @@ class Admission:
         scheduler: Scheduler,
         quarantine: Quarantine,
         faults: FaultLog,
+        events: Observers,
         bringup: BringUp,
-        pace: Pace,
         state: Callable[[], State],
     ) -> None:
         self.config = config
         self.scheduler = scheduler
         self.quarantine = quarantine
         self.faults = faults
+        self.events = events
         self.bringup = bringup
-        self.pace = pace
+        self.pace = Pace()
         self.state = state
         self.wake = asyncio.Event()  # set when the supervision loop has something to do
         self._seq = itertools.count(1)
@@ -75,14 +77,14 @@ class Admission:
         if error := refused(self.state(), self.faults.last, self.retry_after()):
             raise error
         if self.quarantine.blocked(digest):
-            self.faults.events.request_quarantined()
+            self.events.request_quarantined()
             raise quarantined(self.config.restart_window)
         if self.scheduler.queue.full():
             raise full(self.scheduler.queue.maxsize, self.retry_after())
         job = Job(request, next(self._seq), request_id, digest, prompt_chars, stream)
         if error := self.too_long(job):
             raise error
-        self.scheduler.admit(job)
+        self.scheduler.enqueue(job)
         self.wake.set()
         return job
 

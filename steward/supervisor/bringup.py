@@ -86,23 +86,20 @@ class BringUp:
         restart intensity (a promotion counts as a restart)."""
         old, self.link = self.link, None
         self.since = time.monotonic()
+        if old is not None and self.standby.mode == "hot":  # the spare holds its own copy
+            task = asyncio.ensure_future(self.retire(old, fault))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        elif old is not None:
+            await self.retire(old, fault)  # its memory is wanted for the next copy
         for _attempt in range(2):
-            if old is not None and self.standby.mode != "hot":
-                await self.retire(old, fault)  # its memory is wanted for the next copy
-                old = None
             if not self.intensity.allow():
                 raise Exit(
                     EX_TEMPFAIL,
                     f"more than {self.config.max_restarts} restarts in "
                     f"{self.config.restart_window:.0f} s",
                 )
-            promoted = await self._promote(fault)
-            if old is not None:
-                task = asyncio.ensure_future(self.retire(old, fault))
-                self._retiring.add(task)
-                task.add_done_callback(self._retiring.discard)
-                old = None
-            if promoted:
+            if await self._promote(fault):
                 return Outcome.PROMOTED
             if await self._start_worker():
                 return Outcome.REPLACED

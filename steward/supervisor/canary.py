@@ -32,22 +32,24 @@ async def run(link: WorkerLink, allowed: Callable[[int], float]) -> tuple[tuple[
         id=next(_ids), seq=0, attempt=1, prompt=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True
     )
     tokens: list[int] = []
-    prefill = [len(PROMPT)]  # until the worker says: a token is at least a character
+    prefill = len(PROMPT)  # until the worker says: a token is at least a character
     finished: asyncio.Future[Done | Rejected] = asyncio.get_running_loop().create_future()
 
     def token(t: Token) -> None:
-        prefill[0] = 0
+        nonlocal prefill
+        prefill = 0
         if t.token >= 0:
             tokens.append(t.token)
 
     def admitted(n: int) -> None:
-        prefill[0] = n
+        nonlocal prefill
+        prefill = n
 
     link.start(req, Sink(token, finished.set_result, admitted))
     started = time.monotonic()
     while not finished.done() and not link.failure.done():
         since = max(started, link.progress)
-        left = since + allowed(prefill[0]) - time.monotonic()
+        left = since + allowed(prefill) - time.monotonic()
         if left <= 0:
             link.sinks.pop(req.id, None)
             silent = time.monotonic() - since

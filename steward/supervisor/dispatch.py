@@ -70,6 +70,8 @@ class Dispatcher:
 
     def quarantine_waiting(self, digests: list[str]) -> None:
         """Payloads just quarantined: their copies still waiting are refused now."""
+        if not digests:
+            return
         for job in self.scheduler.unfinished():
             if job.digest in digests and not job.running:
                 self._refuse(job)
@@ -93,9 +95,7 @@ class Dispatcher:
     def carry_out(self, plan: Plan, fault: Fault) -> None:
         """What recovery decided for the suspects of `fault`."""
         for job in plan.quarantined:
-            self.events.request_quarantined()
-            error = admission.quarantined(self.config.restart_window, fault)
-            self.end(job, error, JobStatus.QUARANTINED)
+            self._refuse(job, fault)
         for job in plan.too_big:
             self.end(job, admission.too_big(fault))
         if plan.shrink:
@@ -107,9 +107,10 @@ class Dispatcher:
             sizes = "+".join(str(len(group)) for group in plan.groups)
             log.info("fault %s: suspects run again in groups of %s", fault.id, sizes)
 
-    def _refuse(self, job: Job) -> None:
+    def _refuse(self, job: Job, fault: Fault | None = None) -> None:
+        """Quarantined: 422 (or its stream's error event), naming `fault` (else the last)."""
         self.events.request_quarantined()
-        error = admission.quarantined(self.config.restart_window, self.faults.last)
+        error = admission.quarantined(self.config.restart_window, fault or self.faults.last)
         self.end(job, error, JobStatus.QUARANTINED)
 
     def _start(self, job: Job, link: WorkerLink) -> None:

@@ -46,8 +46,8 @@ class Quarantine:
     def acquit(self, digest: str) -> list[str]:
         """A copy of `digest` finished: its strikes are cleared, and the earlier faults it
         was in may now name the one payload left of them (those are returned, quarantined)."""
-        if not self._faults:
-            return []
+        if not any(digest in fault.digests for fault in self._recent()):
+            return []  # in flight at no fault: nothing it could clear or complete
         self._acquitted[digest] = next(self._order)
         return self._convict()
 
@@ -77,11 +77,12 @@ class Quarantine:
         others = fault.digests - {digest}
         return all(self._acquitted.get(other, 0) > fault.order for other in others)
 
-    def _recent(self) -> list[_Fault]:
+    def _recent(self) -> deque[_Fault]:
+        """The faults within the window (older ones dropped first)."""
         cutoff = time.monotonic() - self.window
         while self._faults and self._faults[0].at < cutoff:
             self._faults.popleft()
-        return list(self._faults)
+        return self._faults
 
     def _convict(self) -> list[str]:
         candidates = {d for fault in self._recent() for d in fault.digests}

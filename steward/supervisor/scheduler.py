@@ -53,7 +53,7 @@ class Scheduler:
         jobs = [*self.running.values(), *(j for g in self.probation for j in g), *self.queue]
         return [j for j in dict.fromkeys(jobs) if not j.finished]
 
-    def admit(self, job: Job) -> None:
+    def enqueue(self, job: Job) -> None:
         job.status = S.QUEUED
         self.queue.put(job)
 

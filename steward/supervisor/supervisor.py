@@ -23,7 +23,7 @@ import time
 from steward.config import ServeConfig
 from steward.model.resolve import ModelSource, is_vision
 from steward.supervisor import admission, recovery
-from steward.supervisor.admission import Admission, Pace
+from steward.supervisor.admission import Admission
 from steward.supervisor.bringup import BringUp, Spawn
 from steward.supervisor.dispatch import Dispatcher
 from steward.supervisor.events import Observers
@@ -61,14 +61,13 @@ class Supervisor:
         self.bringup = BringUp(
             config, source, faults, spawn, self.speeds, self.events, self.faults.settle
         )
-        self.pace = Pace()
         self.admission = Admission(
             config,
             self.scheduler,
             self.quarantine,
             self.faults,
+            self.events,
             self.bringup,
-            self.pace,
             lambda: self.state,
         )
         self.jobs = Dispatcher(
