@@ -17,7 +17,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from steward.front.dialects.openai import MAX_NAME_CHARS, MAX_TOP_LOGPROBS, Sampling, Strict, Tokens
+from steward.front.dialects.openai import (
+    MAX_NAME_CHARS,
+    MAX_TOP_LOGPROBS,
+    Sampling,
+    Strict,
+    Tokens,
+    check_tools,
+)
 
 MAX_MESSAGES = 2048
 MAX_PARTS = 1024  # content parts of one message
@@ -208,19 +215,14 @@ class ChatRequest(Sampling):
         self._legacy()
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs: true")
-        names = [tool.function.name for tool in self.tools or []]
-        if len(set(names)) < len(names):
-            raise ValueError("tools: two functions share a name")
         choice = self.tool_choice
-        if choice is not None and choice != "none" and not self.tools:
-            raise ValueError("tool_choice: needs tools")
-        if isinstance(choice, NamedTool) and choice.function.name not in names:
-            raise ValueError(f"tool_choice: no tool is named {choice.function.name!r}")
-        if self.structured() and self.tools and self.choice() != "none":
-            raise ValueError(
-                "response_format: a JSON answer and tool calls exclude each other; "
-                'set tool_choice to "none" or leave response_format out'
-            )
+        check_tools(
+            [tool.function.name for tool in self.tools or []],
+            choice is not None and choice != "none",
+            [choice.function.name] if isinstance(choice, NamedTool) else [],
+            self.structured() and bool(self.tools) and self.choice() != "none",
+            "response_format",
+        )
         return self
 
     def _legacy(self) -> None:

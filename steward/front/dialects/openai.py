@@ -226,3 +226,22 @@ def models(request: Request) -> dict[str, Any]:
             for name in listed_names(root, config)
         ],
     }
+
+
+def check_tools(
+    names: list[str], choosing: bool, chosen: list[str], with_answer_format: bool, field: str
+) -> None:
+    """The tool rules both OpenAI dialects apply: names unique, a choice needs tools and
+    names one of them, and a JSON answer (`field`) excludes tool calls."""
+    if len(set(names)) < len(names):
+        raise ValueError("tools: two functions share a name")
+    if choosing and not names:
+        raise ValueError("tool_choice: needs tools")
+    for name in chosen:
+        if name not in names:
+            raise ValueError(f"tool_choice: no tool is named {name!r}")
+    if with_answer_format:
+        raise ValueError(
+            f"{field}: a JSON answer and tool calls exclude each other; set tool_choice to "
+            f'"none" or leave {field} out'
+        )

@@ -28,7 +28,13 @@ from steward.front.dialects.chat_schema import (
     Name,
     PromptCacheOptions,
 )
-from steward.front.dialects.openai import MAX_NAME_CHARS, MAX_TOP_LOGPROBS, Strict, Tokens
+from steward.front.dialects.openai import (
+    MAX_NAME_CHARS,
+    MAX_TOP_LOGPROBS,
+    Strict,
+    Tokens,
+    check_tools,
+)
 
 MAX_ID_CHARS = 256
 MAX_ANNOTATIONS = 1024
@@ -350,19 +356,13 @@ class ResponsesRequest(Strict):
                 "truncation: 'auto' is not supported: steward drops no input; an input longer "
                 "than the context is a 400 (context_length_exceeded)"
             )
-        names = [tool.name for tool in self.tools or []]
-        if len(set(names)) < len(names):
-            raise ValueError("tools: two functions share a name")
-        if self.tool_choice not in (None, "none") and not self.tools:
-            raise ValueError("tool_choice: needs tools")
-        for chosen in self.chosen():
-            if chosen not in names:
-                raise ValueError(f"tool_choice: no tool is named {chosen!r}")
-        if self.structured() and self.tools and self.choice() != "none":
-            raise ValueError(
-                "text.format: a JSON answer and tool calls exclude each other; set "
-                'tool_choice to "none" or leave text.format out'
-            )
+        check_tools(
+            [tool.name for tool in self.tools or []],
+            self.tool_choice not in (None, "none"),
+            self.chosen(),
+            self.structured() and bool(self.tools) and self.choice() != "none",
+            "text.format",
+        )
         return self
 
     def choice(self) -> str | FunctionChoice:
