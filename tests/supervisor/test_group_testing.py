@@ -13,7 +13,7 @@ import pytest
 
 from steward.errors import ApiError
 from steward.supervisor.faults import FaultClass, Outcome
-from steward.supervisor.jobs import Job
+from steward.supervisor.jobs import Job, JobStatus
 from steward.supervisor.supervisor import Supervisor
 from steward.wire.protocol import Done
 from tests.supervisor.fakelink import TOKENS, Script
@@ -152,6 +152,28 @@ def test_copies_arriving_during_probation_wait_and_share_the_verdict():
         with pytest.raises(ApiError) as later:
             submit(supervisor, 11, digest="poison")
         assert later.value.type == "request_quarantined"
+
+    run(scenario)
+
+
+def test_a_client_leaving_while_its_group_waits_changes_no_verdict():
+    """The race of a cancel against recovery: the one who left never finishes, so it
+    acquits nobody, and the poison is still found and quarantined within the budget."""
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        script = Script(poison={8}, gate=gate)
+        supervisor = await start(script)
+        innocents = await decoding(supervisor, 7, same=False)
+        poison = submit(supervisor, 8, digest="poison")
+        await until(lambda: supervisor.faults.total >= 1)
+        leaving = innocents.pop()
+        supervisor.cancel(leaving)  # while it waits for its group
+        gate.set()
+        assert all(answered(end) for _, end in [await outcome(job) for job in innocents])
+        assert quarantined((await outcome(poison))[1])
+        assert leaving.status is JobStatus.CANCELLED
+        assert supervisor.state.serving and not supervisor.exit_code.done()
 
     run(scenario)
 
