@@ -1,4 +1,5 @@
-"""The canary: a fixed greedy generation whose token ids must not change.
+"""The canary: a fixed greedy generation whose token ids must not change (for an embedding
+model: a fixed text's vector, finite, of the model's dimensions, the same as the first's).
 
 It checks the backend, not the model's manners: end tokens are suppressed, so every model
 answers exactly `MAX_TOKENS` tokens (a model whose greedy answer is its end token at once is
@@ -10,17 +11,23 @@ one's; silence is judged as any request's is, from the speeds measured (speeds.p
 
 from __future__ import annotations
 
+import array
 import asyncio
 import itertools
+import math
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from steward.supervisor.faults import Fault, FaultClass
 from steward.supervisor.link import FaultError, Sink, WorkerLink
-from steward.wire.protocol import Done, Generate, Rejected, Token
+from steward.wire.protocol import Done, Embed, Generate, Rejected, Token
 
 PROMPT = "The capital of France is"
 MAX_TOKENS = 8
+# How far a vector's values may move from the golden ones: a replacement runs the same
+# forward on the same device, but its kernels may sum in another order.
+TOLERANCE = 1e-3
 
 _ids = itertools.count(-1, -1)  # negative: never a client request's id
 
@@ -32,6 +39,43 @@ async def run(link: WorkerLink, allowed: Callable[[int], float]) -> tuple[tuple[
         id=next(_ids), seq=0, attempt=1, prompt=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True
     )
     tokens: list[int] = []
+    done = await _answer(link, req, allowed, tokens.append)
+    if len(tokens) != MAX_TOKENS:
+        raise FaultError(mismatch(link, f"canary answered {len(tokens)} tokens ({done})"))
+    return tuple(tokens), done
+
+
+async def embed(
+    link: WorkerLink, allowed: Callable[[int], float], dimensions: int
+) -> tuple[tuple[float, ...], Done]:
+    """The canary of an embedding model: PROMPT's vector, checked finite and whole."""
+    req = Embed(id=next(_ids), seq=0, attempt=1, inputs=[PROMPT])
+    done = await _answer(link, req, allowed, lambda token: None)
+    vector = array.array("f", done.embedding.data if done.embedding else b"")
+    if sys.byteorder == "big":
+        vector.byteswap()  # the wire's float32 is little-endian
+    if len(vector) != dimensions or not all(map(math.isfinite, vector)):
+        finite = all(map(math.isfinite, vector))
+        message = f"canary vector of {len(vector)} dimensions (of {dimensions}), finite: {finite}"
+        raise FaultError(mismatch(link, message))
+    return tuple(vector), done
+
+
+def same(answer: Sequence[float], golden: Sequence[float]) -> bool:
+    """A canary's answer is the golden one: token ids equal, a vector's values within
+    TOLERANCE (ids that differ differ by a whole token)."""
+    return len(answer) == len(golden) and all(
+        abs(a - b) <= TOLERANCE for a, b in zip(answer, golden, strict=True)
+    )
+
+
+async def _answer(
+    link: WorkerLink,
+    req: Generate | Embed,
+    allowed: Callable[[int], float],
+    on_token: Callable[[int], None],
+) -> Done:
+    """The worker's answer to a canary request, its tokens to `on_token`."""
     prefill = len(PROMPT)  # until the worker says: a token is at least a character
     finished: asyncio.Future[Done | Rejected] = asyncio.get_running_loop().create_future()
 
@@ -39,7 +83,7 @@ async def run(link: WorkerLink, allowed: Callable[[int], float]) -> tuple[tuple[
         nonlocal prefill
         prefill = 0
         if t.token >= 0:
-            tokens.append(t.token)
+            on_token(t.token)
 
     def admitted(n: int) -> None:
         nonlocal prefill
@@ -61,9 +105,9 @@ async def run(link: WorkerLink, allowed: Callable[[int], float]) -> tuple[tuple[
         link.sinks.pop(req.id, None)
         raise FaultError(link.failure.result())
     done = finished.result()
-    if not isinstance(done, Done) or len(tokens) != MAX_TOKENS:
-        raise FaultError(mismatch(link, f"canary answered {len(tokens)} tokens ({done})"))
-    return tuple(tokens), done
+    if not isinstance(done, Done):
+        raise FaultError(mismatch(link, f"canary answered {done}"))
+    return done
 
 
 def mismatch(link: WorkerLink, message: str) -> Fault:

@@ -18,7 +18,7 @@ from enum import StrEnum
 import msgspec
 
 from steward.errors import ApiError
-from steward.wire.protocol import CallDelta, Done, Generate, Logprob, Token
+from steward.wire.protocol import CallDelta, Done, Embed, Generate, Logprob, Token
 
 Event = Token | Done | ApiError
 
@@ -40,11 +40,11 @@ class JobStatus(StrEnum):
 
 @dataclass(eq=False)
 class Job:
-    request: Generate  # the validated body, as the worker will get it
+    request: Generate | Embed  # the validated body, as the worker will get it
     seq: int
     request_id: str
     digest: str  # hash of model + encoded payload, for quarantine
-    prompt_chars: int = 0  # characters of the prompt's text: a cheap context bound
+    prompt_chars: int = 0  # characters of the prompt's text (an Embed's longest input's)
     stream: bool = False
     id: int = field(default_factory=lambda: next(_ids))
     status: JobStatus = JobStatus.QUEUED  # set by the scheduler alone
@@ -62,24 +62,27 @@ class Job:
     calls: list[CallDelta] = field(default_factory=list)  # tool calls, in parts
     armed: list[int] = field(default_factory=list)  # periodic fault injection (SPEC §6)
 
-    def message(self) -> Generate:
+    def message(self) -> Generate | Embed:
         """What the worker gets; a stream the client already reads resumes after the
-        tokens it was sent (the worker continues from prompt + those tokens)."""
+        tokens it was sent (the worker continues from prompt + those tokens). Nothing of
+        an embedding is sent before its end: it always runs again whole."""
+        resumed = {"resume": list(self.generated)} if self.sent else {}
         return msgspec.structs.replace(
             self.request,
             id=self.id,
             seq=self.seq,
             attempt=self.attempts,
-            resume=list(self.generated) if self.sent else [],
             armed=self.armed,
+            **resumed,
         )
 
     def too_long(self, context_length: int, max_token_chars: int) -> ApiError | None:
         """A prompt that cannot fit the context, decided without tokenising it: every token
         stands for at most `max_token_chars` characters (whitespace included: the longest
         tokens are runs of it), so a prompt of more characters than `context_length *
-        max_token_chars` cannot fit."""
-        wanted = self.request.max_tokens or 1
+        max_token_chars` cannot fit. An embedding's every input must fit the context, and
+        it wants no completion."""
+        wanted = (self.request.max_tokens or 1) if isinstance(self.request, Generate) else 0
         if wanted >= context_length:
             return ApiError(
                 "context_length_exceeded",

@@ -27,7 +27,7 @@ from collections.abc import Collection
 from steward.supervisor.faults import Fault, FaultClass
 from steward.supervisor.jobs import Job
 from steward.supervisor.link import WorkerLink
-from steward.wire.protocol import Done, Generate
+from steward.wire.protocol import Done, Embed, Generate
 
 log = logging.getLogger("steward.supervisor")
 
@@ -84,9 +84,12 @@ class Speeds:
         if done.decode_tps > 0:
             self._step_s.append(1.0 / done.decode_tps)
 
-    def finished(self, req: Generate, done: Done, whole: bool) -> None:
-        """A client's answer: measured, and the recent speed if it is like the canary's."""
+    def finished(self, req: Generate | Embed, done: Done, whole: bool) -> None:
+        """A client's answer: measured, and the recent speed if it is like the canary's
+        (an embedding decodes nothing: its speed is its prefill's)."""
         self.measure(done)
+        if not isinstance(req, Generate):
+            return
         if whole and done.batch == 1 and plain(req) and done.completion_tokens >= 8:
             self._like.append(done.decode_tps)
             self.recent_tps = statistics.median(self._like)
@@ -115,8 +118,10 @@ class Speeds:
     def deadline(self, prefill_tokens: int) -> float:
         """Seconds of silence allowed while `prefill_tokens` wait to be computed."""
         estimate = self.canary_s or self.load_s  # nothing measured yet: the canary's own
-        if self._prefill_tps and self._step_s:
-            estimate = prefill_tokens / statistics.median(self._prefill_tps) + max(self._step_s)
+        if self._prefill_tps:  # an embedding model measures no decode step
+            estimate = prefill_tokens / statistics.median(self._prefill_tps) + max(
+                self._step_s, default=0.0
+            )
         bound = FACTOR * estimate
         if bound > self.stall_timeout and not self._warned:
             self._warned = True
