@@ -64,12 +64,29 @@ def _flag(
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over the OpenAI API")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="MLX model dir, .gguf file, or a repo id in the local HF cache; NAME=PATH, "
+        "repeated, serves several models (the first is the default); "
+        "default: the embedded SmolLM2-135M-Instruct",
+    )
+    _flag(p, "models", str, "a TOML file of the models to serve, one [NAME] table each")
     _flag(
         p,
-        "model",
+        "memory-budget",
+        byte_size,
+        "memory resident models may take; beyond, idle ones are unloaded (default: the "
+        "device's memory, 90%%)",
+    )
+    _flag(
+        p,
+        "on-model-failed",
         str,
-        "MLX model dir, .gguf file, or a repo id in the local HF cache; "
-        "default: the embedded SmolLM2-135M-Instruct",
+        "when one model's restart budget is spent: exit 75, or serve the other models "
+        "(auto: exit with one model, serve with several)",
+        choices=["auto", "exit", "serve"],
     )
     _flag(p, "host", str, "address to bind")
     _flag(p, "port", int, "port to bind")
@@ -185,10 +202,13 @@ def parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace) -> int:
     from steward.front.server import serve as run
-    from steward.model.resolve import ModelError, resolve_model
+    from steward.model.resolve import ModelError
     from steward.ops import logs
+    from steward.pool import catalog
     from steward.wire.faultspec import parse_all
 
+    specs = args.model or ([_env("model")] if _env("model") else [])  # the command line wins
+    args.model = None  # the models are resolved below
     config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
     logs.setup(config.log_json, config.log_level)
     try:
@@ -199,12 +219,14 @@ def serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--max-n {config.max_n}: must be between 1 and {MAX_N}")
         if config.max_tokens_default < 0:
             raise ValueError(f"--max-tokens-default {config.max_tokens_default}: must be >= 0")
-        source = resolve_model(config.model)
+        models = catalog.load(specs, config.models, config.served_model_name)
+        config = replace(config, model=models[0].path)
         faults = parse_all(config.inject_fault)
+        catalog.check_aims(faults, models)
     except (ModelError, ValueError, OSError) as exc:
         logging.getLogger("steward").critical("%s", exc)
         return EX_CONFIG
-    return asyncio.run(run(config, source, faults))
+    return asyncio.run(run(config, models, faults))
 
 
 def with_key_file(config: ServeConfig) -> ServeConfig:

@@ -43,3 +43,6 @@ class ServeConfig:
     responses_store_bytes: int = 128 * 1024 * 1024  # stored Responses, oldest out first
     responses_store_age: float = 24 * 3600.0  # seconds a stored response is kept
     inject_fault: list[str] = field(default_factory=list)
+    models: str | None = None  # a models file (SPEC §9): one TOML table per model
+    memory_budget: int | None = None  # bytes resident models may take; None: the device's
+    on_model_failed: str = "auto"  # exit, serve; auto: exit with one model, serve with more

@@ -35,6 +35,7 @@ class ErrorType(StrEnum):
     TOO_MANY_CONNECTIONS = "too_many_connections"
     GENERATION_TIMEOUT = "generation_timeout"
     INSUFFICIENT_MEMORY = "insufficient_memory"
+    INSUFFICIENT_STORAGE = "insufficient_storage"  # a model that cannot fit the budget
 
 
 # type -> (HTTP status, retryable)
@@ -55,6 +56,7 @@ ERROR_TYPES: dict[ErrorType, tuple[int, bool]] = {
     ErrorType.TOO_MANY_CONNECTIONS: (503, True),
     ErrorType.GENERATION_TIMEOUT: (504, False),
     ErrorType.INSUFFICIENT_MEMORY: (507, False),
+    ErrorType.INSUFFICIENT_STORAGE: (507, False),
 }
 
 MAX_RETRY_AFTER = 120
@@ -145,6 +147,7 @@ ANTHROPIC_TYPES: dict[ErrorType, str] = {
     ErrorType.TOO_MANY_CONNECTIONS: "overloaded_error",
     ErrorType.GENERATION_TIMEOUT: "timeout_error",
     ErrorType.INSUFFICIENT_MEMORY: "api_error",
+    ErrorType.INSUFFICIENT_STORAGE: "api_error",
 }
 
 

@@ -17,8 +17,9 @@ BELOW = {
     "wire": {"model"},
     "worker": {"model", "wire"},
     "supervisor": {"config", "errors", "model", "wire"},
-    "ops": {"supervisor", "wire"},
-    "front": {"config", "errors", "model", "wire", "supervisor", "ops"},
+    "pool": {"config", "errors", "model", "wire", "supervisor"},
+    "ops": {"supervisor", "wire", "pool"},
+    "front": {"config", "errors", "model", "wire", "supervisor", "pool", "ops"},
 }
 
 

@@ -1,4 +1,4 @@
-"""The HTTP front: a FastAPI app over a running `Supervisor`.
+"""The HTTP front: a FastAPI app over the pool of running supervisors, one per model.
 
 Every error leaves through `error_response`, in the envelope of the dialect its path
 belongs to: our own `ApiError`s, FastAPI's validation errors (with the field as `param`),
@@ -23,6 +23,7 @@ from steward.front import health_routes
 from steward.front.dialects import anthropic, chat, completions, openai, responses
 from steward.front.middleware import RequestContext
 from steward.ops.metrics import Metrics
+from steward.pool.pool import Pool
 from steward.supervisor.supervisor import Supervisor
 
 log = logging.getLogger("steward.front")
@@ -35,10 +36,11 @@ HTTP_TYPES = {
 }
 
 
-def create_app(config: ServeConfig, supervisor: Supervisor, metrics: Metrics) -> FastAPI:
+def create_app(config: ServeConfig, backend: Pool | Supervisor, metrics: Metrics) -> FastAPI:
+    """The app over a pool of supervisors, or over one supervisor (a pool of it)."""
     app = FastAPI(title="steward", version=__version__, docs_url=None, redoc_url=None)
     app.state.config = config
-    app.state.supervisor = supervisor
+    app.state.pool = backend if isinstance(backend, Pool) else Pool.around(config, backend)
     app.state.metrics = metrics
     app.include_router(health_routes.router)
     for dialect in (chat, completions, openai, anthropic, responses):

@@ -1,4 +1,5 @@
-"""Run the front: uvicorn serving the app, the supervisor beside it, signals into a drain.
+"""Run the front: uvicorn serving the app, the pool of supervisors (one per model) beside
+it, signals into a drain.
 
 Signal handling follows uvicorn and trio: the handler only records the signal and
 schedules the drain on the loop; a second SIGINT/SIGTERM forces the exit. uvicorn's own
@@ -21,11 +22,11 @@ import uvicorn
 from steward.config import ServeConfig
 from steward.front.app import create_app
 from steward.front.connections import BACKLOG, HEADROOM, BoundedProtocol, Limits
-from steward.model.resolve import ModelSource
 from steward.ops.metrics import Metrics
 from steward.ops.notify import Notifier
+from steward.pool.catalog import CatalogError, ModelEntry
+from steward.pool.pool import Pool
 from steward.supervisor.exits import EX_CONFIG
-from steward.supervisor.supervisor import Supervisor
 from steward.wire.faultspec import FaultSpec
 
 log = logging.getLogger("steward")
@@ -96,7 +97,7 @@ def fit_connections(wanted: int) -> int | None:
     return min(fits, wanted)
 
 
-async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec]) -> int:
+async def serve(config: ServeConfig, models: list[ModelEntry], faults: list[FaultSpec]) -> int:
     connections = fit_connections(config.max_connections)
     if connections is None:
         return EX_CONFIG
@@ -106,13 +107,18 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
     except OSError as exc:
         log.critical("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return EX_CONFIG
-    supervisor = Supervisor(config, source, faults)
-    metrics, notifier = Metrics(supervisor), Notifier(supervisor)
-    supervisor.events.add(metrics)
-    supervisor.events.add(notifier)
+    pool = Pool(config, models, faults)
+    try:
+        pool.check()
+    except CatalogError as exc:
+        log.critical("%s", exc)
+        return EX_CONFIG
+    metrics, notifier = Metrics(pool, labelled=not pool.single), Notifier(pool)
+    pool.observe = lambda name: [metrics.series(name) if not pool.single else metrics]
+    pool.events.add(notifier)
     server = FrontServer(
         uvicorn.Config(
-            create_app(config, supervisor, metrics),
+            create_app(config, pool, metrics),
             log_config=None,
             access_log=False,  # RequestContext logs each request, with its request id
             lifespan="off",
@@ -125,19 +131,21 @@ async def serve(config: ServeConfig, source: ModelSource, faults: list[FaultSpec
         )
     )
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
-    supervisor.start()
-    notifier.send(f"STATUS=starting: loading {source.model_id}")
-    pinging = asyncio.ensure_future(notifier.run(supervisor.alive))
+    pool.start()
+    notifier.send(f"STATUS=starting: loading {models[0].name}")
+    pinging = asyncio.ensure_future(notifier.run(pool.alive))
     stopping = asyncio.ensure_future(server.drain.wait())
-    await asyncio.wait({stopping, supervisor.exit_code}, return_when=asyncio.FIRST_COMPLETED)
-    if supervisor.exit_code.done():
-        code = supervisor.exit_code.result()
+    exited = asyncio.ensure_future(pool.exited.wait())
+    await asyncio.wait({stopping, exited}, return_when=asyncio.FIRST_COMPLETED)
+    if pool.exit_code is not None:
+        code = pool.exit_code
         await asyncio.sleep(0.2)  # let refused requests' answers go out
     else:
-        await supervisor.stop(config.drain_timeout, server.cut)
+        await pool.stop(config.drain_timeout, server.cut)
         code = 0
     stopping.cancel()
-    await supervisor.close()
+    exited.cancel()
+    await pool.close()
     server.should_exit = True
     await serving
     pinging.cancel()

@@ -1,13 +1,16 @@
-"""Prometheus metrics for `/metrics`, fed by the supervisor's events and the HTTP front.
+"""Prometheus metrics for `/metrics`, fed by the supervisors' events and the HTTP front.
 
 A registry of our own, not prometheus_client's global one: `/metrics` then shows steward's
 series only, and two apps in one process (tests) never collide. State, queue depth,
-generation, batch and restarts in window come from one supervisor snapshot taken at scrape
-time, so they never go stale between transitions and never mix two moments.
+generation, batch and restarts in window come from one pool snapshot taken at scrape
+time, so they never go stale between transitions and never mix two moments. With several
+models every per-model series has a `model` label, its values the configured models alone
+(bounded cardinality); with one, the series are unlabelled, as they always were.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -18,8 +21,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from steward.pool.snapshot import ModelState, PoolSnapshot
 from steward.supervisor.events import Observer
+from steward.supervisor.snapshot import Snapshot
 from steward.supervisor.state import State
 
 if TYPE_CHECKING:
@@ -31,9 +38,68 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 
 
-class Metrics(Observer):
-    def __init__(self, supervisor: Any) -> None:
-        self.supervisor = supervisor  # read through `snapshot()` alone
+class ModelSeries(Observer):
+    """One model's supervisor events into the shared series, under its `model` label (no
+    label with one model: `/metrics` as it always was)."""
+
+    def __init__(self, metrics: Metrics, model: str | None) -> None:
+        self.metrics = metrics
+        self.key = () if model is None else (model,)
+
+    def at(self, metric: Any, *labels: str) -> Any:
+        values = (*self.key, *labels)
+        return metric.labels(*values) if values else metric
+
+    def fault_settled(self, fault: Fault) -> None:
+        m = self.metrics
+        self.at(m.faults, fault.cls, fault.outcome).inc()
+        if fault.recovery_s is not None:
+            self.at(m.recovery).observe(fault.recovery_s)
+
+    def worker_started(self, generation: int) -> None:
+        if generation > 1:
+            self.at(self.metrics.restarts).inc()
+
+    def canary_ran(self, passed: bool, seconds: float) -> None:
+        self.at(self.metrics.canaries, "pass" if passed else "fail").inc()
+
+    def request_done(self, done: Done) -> None:
+        m = self.metrics
+        self.at(m.ttft).observe(done.ttft)
+        if done.decode_tps > 0:
+            self.at(m.decode).observe(done.decode_tps)
+        self.at(m.generated).inc(done.completion_tokens)
+        self.at(m.prompt_tokens).inc(done.prompt_tokens)
+        if done.cached_tokens:
+            self.at(m.cache_hits).inc()
+            self.at(m.cached_tokens).inc(done.cached_tokens)
+
+    def request_quarantined(self) -> None:
+        self.at(self.metrics.quarantined).inc()
+
+    def gauges(self, snapshot: Snapshot | None, state: str | None) -> None:
+        """The scrape-time gauges from the model's supervisor's snapshot (none: unloaded)."""
+        m = self.metrics
+        states = [s.value for s in (ModelState if self.key else State)]
+        for name in states:
+            self.at(m.state, name).set(float(name == state))
+        self.at(m.generation).set(snapshot.worker_generation if snapshot else 0)
+        self.at(m.queue).set(snapshot.queue_depth if snapshot else 0)
+        self.at(m.batch).set(snapshot.batch_size if snapshot else 0)
+        self.at(m.limit).set(snapshot.batch_limit if snapshot else 0)
+        self.at(m.in_window).set(snapshot.restarts_in_window if snapshot else 0)
+
+
+class Metrics(ModelSeries):
+    """The registry, and the series of the one model (`labelled`: of each model, through
+    `series`)."""
+
+    def __init__(self, supervisor: Any, labelled: bool = False) -> None:
+        super().__init__(self, None)
+        self.supervisor = supervisor  # read through `snapshot()` alone: a pool's, or one's
+        self.labelled = labelled
+        self._series: dict[str, ModelSeries] = {}
+        by = ["model"] if labelled else []
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "steward_requests_total", "HTTP responses", ["route", "status"], registry=r
@@ -44,68 +110,90 @@ class Metrics(Observer):
         self.faults = Counter(
             "steward_faults_total",
             "Backend faults by class and outcome",
-            ["class", "action"],
+            [*by, "class", "action"],
             registry=r,
         )
         self.restarts = Counter(
-            "steward_worker_restarts_total", "Workers started after the first", registry=r
+            "steward_worker_restarts_total", "Workers started after the first", by, registry=r
         )
         self.recovery = Histogram(
             "steward_recovery_seconds",
             "Fault detected to serving again",
+            by,
             buckets=RECOVERY_BUCKETS,
             registry=r,
         )
         self.ttft = Histogram(
             "steward_time_to_first_token_seconds",
             "Time to first token, as the worker measured",
+            by,
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.decode = Histogram(
             "steward_decode_tokens_per_second",
             "Decode speed per request",
+            by,
             buckets=TPS_BUCKETS,
             registry=r,
         )
         self.quarantined = Counter(
-            "steward_quarantined_requests_total", "Requests refused as quarantined", registry=r
+            "steward_quarantined_requests_total",
+            "Requests refused as quarantined",
+            by,
+            registry=r,
         )
         self.canaries = Counter(
-            "steward_canary_runs_total", "Canary runs by result", ["result"], registry=r
+            "steward_canary_runs_total", "Canary runs by result", [*by, "result"], registry=r
         )
-        for result in ("pass", "fail"):
-            self.canaries.labels(result)
         self.state = Gauge(
-            "steward_state", "1 for the current state, else 0", ["state"], registry=r
+            "steward_state", "1 for the current state, else 0", [*by, "state"], registry=r
         )
         self.generation = Gauge(
-            "steward_worker_generation", "The serving worker's number, in start order", registry=r
+            "steward_worker_generation",
+            "The serving worker's number, in start order",
+            by,
+            registry=r,
         )
-        self.queue = Gauge("steward_queue_depth", "Requests waiting", registry=r)
-        self.batch = Gauge("steward_batch_size", "Requests decoding together now", registry=r)
+        self.queue = Gauge("steward_queue_depth", "Requests waiting", by, registry=r)
+        self.batch = Gauge("steward_batch_size", "Requests decoding together now", by, registry=r)
         self.limit = Gauge(
-            "steward_batch_limit", "Requests that may decode together now", registry=r
+            "steward_batch_limit", "Requests that may decode together now", by, registry=r
         )
         self.generated = Counter(
-            "steward_generated_tokens_total", "Completion tokens generated", registry=r
+            "steward_generated_tokens_total", "Completion tokens generated", by, registry=r
         )
         self.prompt_tokens = Counter(
-            "steward_prompt_tokens_total", "Prompt tokens of finished requests", registry=r
+            "steward_prompt_tokens_total", "Prompt tokens of finished requests", by, registry=r
         )
         self.cache_hits = Counter(
             "steward_prompt_cache_hits_total",
             "Requests whose prompt prefix came from the prompt cache",
+            by,
             registry=r,
         )
         self.cached_tokens = Counter(
             "steward_prompt_cache_tokens_total",
             "Prompt tokens taken from the prompt cache instead of prefilled",
+            by,
             registry=r,
         )
         self.in_window = Gauge(
-            "steward_restarts_in_window", "Worker restarts within --restart-window", registry=r
+            "steward_restarts_in_window", "Worker restarts within --restart-window", by, registry=r
         )
+        self.models = ModelsCollector()
+        r.register(self.models)
+        if not labelled:
+            for result in ("pass", "fail"):
+                self.canaries.labels(result)
+
+    def series(self, model: str) -> ModelSeries:
+        """A model's events, labelled by its name (label values: the configured models)."""
+        if model not in self._series:
+            self._series[model] = series = ModelSeries(self, model)
+            for result in ("pass", "fail"):
+                series.at(self.canaries, result)
+        return self._series[model]
 
     # -- the HTTP front ---------------------------------------------------------------
 
@@ -116,39 +204,53 @@ class Metrics(Observer):
         self.errors.labels(type).inc()
 
     def render(self) -> tuple[bytes, str]:
+        """One snapshot, taken whole: a pool's (each model's), or one supervisor's."""
         snapshot = self.supervisor.snapshot()
-        for state in State:
-            self.state.labels(state.value).set(float(snapshot.status is state))
-        self.generation.set(snapshot.worker_generation)
-        self.queue.set(snapshot.queue_depth)
-        self.batch.set(snapshot.batch_size)
-        self.limit.set(snapshot.batch_limit)
-        self.in_window.set(snapshot.restarts_in_window)
+        if isinstance(snapshot, Snapshot):
+            self.gauges(snapshot, snapshot.status.value)
+        elif not self.labelled:
+            (only,) = snapshot.models
+            self.gauges(only.detail, only.detail and only.detail.status.value)
+        else:
+            for model in snapshot.models:
+                self.series(model.name).gauges(model.detail, model.state.value)
+        self.models.snapshot = None if isinstance(snapshot, Snapshot) else snapshot
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
-    # -- the supervisor's events ------------------------------------------------------
 
-    def fault_settled(self, fault: Fault) -> None:
-        self.faults.labels(fault.cls, fault.outcome).inc()
-        if fault.recovery_s is not None:
-            self.recovery.observe(fault.recovery_s)
+class ModelsCollector(Collector):
+    """The pool's own series, from the snapshot `render` took: every configured model's
+    loads and evictions (counted by the pool), what it needs, and the budget."""
 
-    def worker_started(self, generation: int) -> None:
-        if generation > 1:
-            self.restarts.inc()
+    def __init__(self) -> None:
+        self.snapshot: PoolSnapshot | None = None
 
-    def canary_ran(self, passed: bool, seconds: float) -> None:
-        self.canaries.labels("pass" if passed else "fail").inc()
-
-    def request_done(self, done: Done) -> None:
-        self.ttft.observe(done.ttft)
-        if done.decode_tps > 0:
-            self.decode.observe(done.decode_tps)
-        self.generated.inc(done.completion_tokens)
-        self.prompt_tokens.inc(done.prompt_tokens)
-        if done.cached_tokens:
-            self.cache_hits.inc()
-            self.cached_tokens.inc(done.cached_tokens)
-
-    def request_quarantined(self) -> None:
-        self.quarantined.inc()
+    def collect(self) -> Iterator[Metric]:
+        if self.snapshot is None:
+            return
+        loads = CounterMetricFamily(
+            "steward_model_loads", "Models brought up, at start or on demand", labels=["model"]
+        )
+        evictions = CounterMetricFamily(
+            "steward_model_evictions", "Models unloaded (budget or idle_ttl)", labels=["model"]
+        )
+        need = GaugeMetricFamily(
+            "steward_model_memory_bytes", "What a model takes of the budget", labels=["model"]
+        )
+        for model in self.snapshot.models:
+            loads.add_metric([model.name], model.loads)
+            evictions.add_metric([model.name], model.evictions)
+            need.add_metric([model.name], model.need_bytes)
+        yield loads
+        yield evictions
+        yield need
+        yield GaugeMetricFamily(
+            "steward_memory_budget_bytes",
+            "Bytes resident models may take",
+            self.snapshot.budget_bytes,
+        )
+        yield GaugeMetricFamily(
+            "steward_memory_resident_bytes",
+            "Bytes the resident models take",
+            self.snapshot.resident_bytes,
+        )

@@ -46,6 +46,8 @@ class Model:
     max_token_chars: int | None = None  # the longest token's text: bounds a prompt
     max_batch: int | None = None
     thinking: bool = False
+    model_bytes: int = 0  # the device memory the loaded model takes
+    device_bytes: int = 0  # the device's, or its recommended working set where it has one
 
 
 class BringUp:
@@ -207,7 +209,15 @@ class BringUp:
 
     def _adopt(self, msg: Ready) -> None:
         """What the worker said of the model: its bounds, and whether two copies fit."""
-        self.model = Model(msg.context_length, msg.max_token_chars, msg.max_batch, msg.thinking)
+        device = msg.working_set_bytes or msg.memory_bytes
+        self.model = Model(
+            msg.context_length,
+            msg.max_token_chars,
+            msg.max_batch,
+            msg.thinking,
+            model_bytes=msg.model_bytes,
+            device_bytes=device,
+        )
         self.speeds.loaded(msg.load_seconds)
         if self.golden is None:  # the first worker: the standby is chosen once
-            self.standby.choose(msg.model_bytes, msg.working_set_bytes or msg.memory_bytes)
+            self.standby.choose(msg.model_bytes, device)

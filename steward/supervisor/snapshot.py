@@ -35,6 +35,8 @@ class Snapshot:
     decode_baseline: float
     decode_recent: float
     uptime_s: float
+    model_bytes: int = 0  # what the serving worker measured its model takes (0: not yet)
+    device_bytes: int = 0  # the device's memory, or its recommended working set (0: unknown)
 
     def health(self) -> dict[str, Any]:
         """The SPEC §2 body, and what else an operator wants at a glance."""

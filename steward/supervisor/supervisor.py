@@ -48,6 +48,7 @@ class Supervisor:
         source: ModelSource,
         faults: list[FaultSpec],
         spawn: Spawn = WorkerLink.spawn,  # tests of the decisions pass a fake worker line
+        bring_up_s: float | None = None,  # the model's last bring-up: Retry-After's guess
     ):
         self.config = config
         self.source = source
@@ -61,6 +62,8 @@ class Supervisor:
         self.bringup = BringUp(
             config, source, faults, spawn, self.speeds, self.events, self.faults.settle
         )
+        if bring_up_s is not None:
+            self.bringup.seconds = bring_up_s
         self.admission = Admission(
             config,
             self.scheduler,
@@ -119,6 +122,8 @@ class Supervisor:
             self.speeds.baseline_tps,
             self.speeds.recent_tps,
             time.time() - self.started_at,
+            self.bringup.model.model_bytes,
+            self.bringup.model.device_bytes,
         )
 
     # -- the loop ---------------------------------------------------------------------
@@ -185,14 +190,16 @@ class Supervisor:
             await asyncio.sleep(0.05)
         for job in self.scheduler.drain():
             job.push(admission.shutdown())
-        self._task.cancel()  # a worker exiting on request is no fault
+        if self._task is not None:  # never started: a model unloaded before its load began
+            self._task.cancel()  # a worker exiting on request is no fault
         await self.bringup.standby.close()
         if self.link is not None:
             await self.link.stop(timeout=5.0)
 
     async def close(self) -> None:
         """Make sure no worker outlives the front's exit."""
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
         await self.bringup.close()
 
     async def _watch(self) -> None:

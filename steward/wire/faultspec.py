@@ -1,4 +1,6 @@
-"""Fault-injection specs (SPEC §6): `POINT:ACTION[:TRIGGER]`, for tests and drills only.
+"""Fault-injection specs (SPEC §6): `POINT:ACTION[:TRIGGER][,model=NAME]`, for tests and
+drills only. `model=NAME` aims a spec at one model's workers (SPEC §9); without it, a spec
+is every model's, each counting its own requests.
 
 Parsed in the front (a bad spec is a configuration error), scheduled there (`Periods`: the
 front sees every request across workers), and acted on in the worker (worker/injection.py).
@@ -7,6 +9,7 @@ front sees every request across workers), and acted on in the worker (worker/inj
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -27,6 +30,7 @@ class FaultSpec:
     period: float | None = None  # seconds: a chaos schedule (bench/soak.py)
     offset: float = 0.0  # seconds before the first period's request
     token: int | None = None  # `nth=N@K`: at the request's K-th token (decode), not its first
+    model: str | None = None  # `model=NAME`: that model's workers alone
 
     @property
     def every(self) -> bool:
@@ -55,7 +59,22 @@ def parse(text: str) -> FaultSpec:
     if len(parts) < 2:
         raise ValueError(f"fault spec {text!r}: expected POINT:ACTION[:TRIGGER]")
     point, action = parts[0], parts[1]
-    trigger = parts[2] if len(parts) == 3 else "nth=1"
+    trigger, model = _aimed(parts[2] if len(parts) == 3 else "nth=1")
+    return dataclasses.replace(_parse(text, point, action, trigger), model=model)
+
+
+def _aimed(trigger: str) -> tuple[str, str | None]:
+    """`TRIGGER,model=NAME` or `model=NAME` (its first request): the trigger and the model."""
+    head, _, aim = trigger.rpartition(",") if "," in trigger else ("", "", trigger)
+    key, _, name = aim.partition("=")
+    if key != "model":
+        return trigger, None
+    if not name:
+        raise ValueError(f"fault trigger {trigger!r}: model=NAME names a configured model")
+    return head or "nth=1", name
+
+
+def _parse(text: str, point: str, action: str, trigger: str) -> FaultSpec:
     if point not in POINTS:
         raise ValueError(f"fault spec {text!r}: point must be one of {', '.join(POINTS)}")
     name, _, arg = action.partition("=")
@@ -84,7 +103,7 @@ def parse(text: str) -> FaultSpec:
                 )
     raise ValueError(
         f"fault spec {text!r}: trigger must be nth=N (decode: nth=N@K, K >= 2), every, "
-        "marker=TEXT or period=S[+OFFSET]"
+        "marker=TEXT or period=S[+OFFSET], then ,model=NAME to aim it at one model"
     )
 
 

@@ -2,7 +2,8 @@
 in process, with no worker.
 
 `ScriptedSupervisor` has the supervisor's public surface (`submit`, `cancel`,
-`queue_error`, `retry_after`, `source.model_id`, `context_length`, `vision`, `started_at`).
+`queue_error`, `retry_after`, `status`, `source.model_id`, `context_length`, `vision`,
+`started_at`).
 Each submitted job is answered by `script(job)`: the events to deliver (`Token`s, then a
 `Done`, or an `ApiError`), or an `ApiError` raised at submit. `client()` is a Starlette
 `TestClient` over `create_app` with it.
@@ -23,6 +24,7 @@ from steward.config import ServeConfig
 from steward.errors import ApiError
 from steward.front.app import create_app
 from steward.ops.metrics import Metrics
+from steward.supervisor.state import State
 from steward.wire.protocol import CallDelta, Done, Generate, Logprob, Token
 
 MODEL = "scripted-model"
@@ -95,6 +97,9 @@ class ScriptedSupervisor:
 
     def retry_after(self) -> int:
         return 1
+
+    def status(self) -> State:
+        return State.READY
 
     def snapshot(self) -> Any:
         raise NotImplementedError("no metrics scrape over a scripted supervisor")

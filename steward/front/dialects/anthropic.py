@@ -31,6 +31,7 @@ from fastapi import Request, Response
 from pydantic import BaseModel
 
 from steward.errors import ANTHROPIC_TYPES, ERROR_TYPES, ApiError
+from steward.front import backend
 from steward.front.dialects.anthropic_answer import MessageAnswer, TokenCount
 from steward.front.dialects.anthropic_schema import (
     CountTokensRequest,
@@ -121,9 +122,9 @@ def _check_context_management(request: Request, body: MessagesPrompt) -> None:
     edits = body.clear_tool_uses()
     if not edits:
         return
-    context = request.app.state.supervisor.context_length
+    supervisor = backend.supervisor(request)
+    context = supervisor.context_length
     if context is None:
-        supervisor = request.app.state.supervisor
         raise ApiError(
             "backend_unavailable",
             "The model's context length is not known until it has loaded; retry shortly.",

@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from steward.errors import ApiError, ErrorType
+from steward.front import backend
 from steward.front.dialects.seam import Answer
 from steward.supervisor.jobs import Event, Job
 from steward.wire.protocol import Done, Token
@@ -34,7 +35,7 @@ class Waiter:
     ) -> None:
         self.job = job
         self.fallback = fallback
-        self.supervisor = request.app.state.supervisor
+        self.supervisor = backend.supervisor(request)
         self.config = request.app.state.config
         self.deadline = time.monotonic() + self.config.request_timeout
 

@@ -21,13 +21,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from steward.errors import ApiError, ErrorType
+from steward.front import backend
 from steward.front.auth import require_key
 from steward.front.body import JSONRoute
 from steward.front.dialects.delivery import Waiter, respond
 from steward.front.dialects.seam import Answer, Ask
 from steward.front.docs import error_responses
 from steward.front.images import ImageLimits, load_images
-from steward.front.names import resolve_model
 from steward.supervisor.jobs import Job
 from steward.wire.protocol import Generate, encode
 
@@ -43,18 +43,15 @@ def dialect_router() -> APIRouter:
 
 
 def served_model(request: Request, name: str | None) -> str:
-    """The served model's id if `name` may mean it (names.py), noted for the access log."""
-    supervisor = request.app.state.supervisor
-    model = resolve_model(name, supervisor.source.model_id, request.app.state.config)
-    request.state.model = model
-    return model
+    """The id of the model `name` may mean (pool/names.py), noted for the access log."""
+    return backend.route(request, name).name
 
 
 async def images(request: Request, urls: list[str], model: str) -> list[bytes]:
     """The request's images within the limits, for a model that takes images."""
     if not urls:
         return []
-    if not request.app.state.supervisor.vision:
+    if not request.state.slot.vision:
         raise ApiError("validation_error", f"The model {model!r} does not take images.")
     return await load_images(urls, ImageLimits.of(request.app.state.config))
 
@@ -109,6 +106,6 @@ def _starter(request: Request, model: str, ask: Ask, payload: Generate) -> Calla
     except (msgspec.EncodeError, OverflowError, UnicodeEncodeError) as exc:
         raise ApiError("validation_error", f"The request cannot be encoded: {exc}") from None
     digest = hashlib.sha256(model.encode() + b"\0" + wire).hexdigest()
-    supervisor = request.app.state.supervisor
+    supervisor = backend.supervisor(request)
     request_id = request.state.request_id
     return lambda: supervisor.submit(payload, ask.prompt_chars, request_id, digest, ask.stream)

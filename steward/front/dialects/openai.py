@@ -21,9 +21,10 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steward.errors import ApiError
+from steward.front import backend
 from steward.front.dialects.exchange import dialect_router
 from steward.front.dialects.seam import Answer, sse
-from steward.front.names import listed_names
+from steward.pool.names import listed_names
 from steward.supervisor.jobs import Job
 from steward.wire.protocol import Done, Logprob, TopLogprob
 
@@ -206,24 +207,27 @@ router = dialect_router()
 
 @router.get("/models")
 def models(request: Request) -> dict[str, Any]:
-    """The concrete names (a `--served-model-name` glob answers, but is not listed), each
-    with the context length and the `max_tokens` a request that omits it gets."""
-    supervisor = request.app.state.supervisor
+    """Every configured model's concrete names (an alias glob answers, but is not listed),
+    each with its state (SPEC §9: `unloaded` ones load on demand), kind, context length
+    (once loaded) and the `max_tokens` a request that omits it gets."""
     config = request.app.state.config
-    root = supervisor.source.model_id
+    snapshot = backend.pool(request).snapshot(detail=False)
     return {
         "object": "list",
         "data": [
             {
                 "id": name,
                 "object": "model",
-                "created": int(supervisor.started_at),
+                "created": model.created,
                 "owned_by": "steward",
-                "root": root,
-                "context_length": supervisor.context_length,
+                "root": model.name,
+                "status": str(model.state),
+                "kind": model.kind,
+                "context_length": model.context_length,
                 "max_tokens_default": config.max_tokens_default or None,
             }
-            for name in listed_names(root, config)
+            for model in snapshot.models
+            for name in listed_names(model)
         ],
     }
 

@@ -1,0 +1,110 @@
+"""The models configuration (SPEC §9), the names requests use, the budget's choices and the
+server's state from its models': pure functions, in milliseconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from steward.errors import ApiError
+from steward.pool import budget
+from steward.pool.catalog import CatalogError, ModelEntry, from_flags, load
+from steward.pool.names import find
+from steward.pool.snapshot import ModelState, overall
+from steward.supervisor.state import State
+from steward.wire.faultspec import parse
+
+
+def models_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "models.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -> None:
+    path = models_file(
+        tmp_path,
+        f'[a]\npath = "{tiny_model}"\naliases = ["small", "claude-*"]\npin = true\n\n'
+        f'[b]\npath = "{tiny_model}"\nidle_ttl = 30\nmax_batch = 4\nstandby = "none"\n',
+    )
+    a, b = load([], path, ["extra"])
+    assert (a.name, a.aliases, a.pin, a.source.model_id) == (
+        "a",
+        ("small", "claude-*", "extra"),
+        True,
+        "a",
+    )
+    assert (b.name, b.idle_ttl, b.overrides) == ("b", 30.0, {"max_batch": 4, "standby": "none"})
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ('[a]\npath = "X"\n[b]\npath = "X"\ncolour = "red"\n', 5, "unknown key 'colour'"),
+        ('[a]\npath = "X"\n\n[b]\npath = "X"\nmax_batch = "many"\n', 6, "max_batch"),
+        ('[a]\npath = "X"\npin = 1\n', 3, "pin"),
+        ('[a]\npath = "X"\n[b]\npath = "X"\naliases = ["a"]\n', 5, "'a' is given twice"),
+        ('[a]\npath = "X"\naliases = ["s"]\n[b]\naliases = ["s"]\npath = "X"\n', 5, "twice"),
+        ('[a]\npath = "X"\npath = "Y"\n', 3, "overwrite"),  # TOML's own error, with its line
+        ('[a]\npath = "X"\n[b]\nkind = "chat"\n', 3, "has no path"),
+        ('[a]\npath = "X"\npin = true\nidle_ttl = 5\n', 4, "pin or idle_ttl"),
+    ],
+)
+def test_a_bad_models_file_names_the_line(
+    tmp_path: Path, tiny_model: Path, text: str, line: int, words: str
+) -> None:
+    with pytest.raises(CatalogError) as refused:
+        load([], models_file(tmp_path, text.replace("X", str(tiny_model))), [])
+    assert f"line {line}" in str(refused.value) and words in str(refused.value)
+
+
+def test_model_flags_name_models_or_keep_todays_bare_path(tiny_model: Path) -> None:
+    (bare,) = load([str(tiny_model)], None, ["smol"])
+    assert (bare.name, bare.aliases, bare.path) == (tiny_model.name, ("smol",), str(tiny_model))
+    a, b = load([f"a={tiny_model}", f"b={tiny_model}"], None, [])
+    assert (a.name, b.name, b.source.model_id) == ("a", "b", "b")
+    with pytest.raises(CatalogError, match="'a' is given twice"):
+        load([f"a={tiny_model}", f"a={tiny_model}"], None, [])
+    assert from_flags([], [])[0].path is None  # the embedded default
+
+
+def test_names_route_to_one_model_concrete_names_first() -> None:
+    models = [ModelEntry("a", None, ("claude-*",)), ModelEntry("b", None, ("claude-haiku",))]
+    assert find(None, models).name == "a" and find("default", models).name == "a"
+    assert find("claude-haiku", models).name == "b"  # concrete beats another's glob
+    assert find("claude-opus", models).name == "a"
+    with pytest.raises(ApiError) as unknown:
+        find("gpt-4o", models)
+    assert unknown.value.status == 404
+    assert "'a', 'b', 'claude-haiku', 'claude-*'" in unknown.value.message
+
+
+def test_the_budget_evicts_the_least_recently_used_idle_models() -> None:
+    holders = [
+        budget.Holder("pinned", 40, False, 0.0),
+        budget.Holder("old", 30, True, 1.0),
+        budget.Holder("new", 30, True, 2.0),
+    ]
+    assert budget.room(0, 100, holders) == []
+    assert budget.room(20, 100, holders) == ["old"]
+    assert budget.room(50, 100, holders) == ["old", "new"]
+    assert budget.room(61, 100, holders) is None  # the pinned one stays
+    assert budget.need(100, 10, copies=2) == 2 * (120 + 10)
+
+
+def test_a_fault_aims_at_one_model() -> None:
+    assert parse("decode:poison:marker=X,model=a").model == "a"
+    assert parse("decode:raise:model=b").nth == 1
+    assert parse("decode:raise:marker=x,y").marker == "x,y"  # a comma in a marker stays
+    with pytest.raises(ValueError, match="model=NAME"):
+        parse("decode:raise:nth=1,model=")
+
+
+def test_the_servers_state_from_its_models() -> None:
+    ready, failed, unloaded = ModelState.READY, ModelState.FAILED, ModelState.UNLOADED
+    assert overall([ready, unloaded], False, False, False) is State.READY
+    assert overall([ready, failed], False, False, False) is State.DEGRADED
+    assert overall([failed, failed], False, False, False) is State.FAILED
+    assert overall([ModelState.LOADING, unloaded], True, False, False) is State.STARTING
+    assert overall([ready], False, False, True) is State.STOPPING

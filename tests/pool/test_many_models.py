@@ -1,0 +1,153 @@
+"""Many models behind one front (SPEC §9), through real servers and real workers: each
+model answers beside the others, a fault in one spares the others, loads follow the memory
+budget, and a model that fails leaves the others serving."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.conftest import ROOT, Server, free_port
+
+POISON = "X-POISON"
+
+
+def ask(server: Server, model: str, text: str = "Hello", stream: bool = False) -> tuple[int, str]:
+    """The status, and the answer's model (or the error's type), of one small chat."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if stream:
+        with server.http.stream("POST", "/v1/chat/completions", json=body) as answer:
+            lines = [line for line in answer.iter_lines() if line]
+        return answer.status_code, "[DONE]" if lines[-1] == "data: [DONE]" else lines[-1]
+    answer = server.http.post("/v1/chat/completions", json=body)
+    data = answer.json()
+    return answer.status_code, data.get("model") or data["error"]["type"]
+
+
+def models(server: Server) -> dict:
+    return server.health().json()["models"]
+
+
+def test_two_models_side_by_side_and_a_fault_in_one_spares_the_other(serve, tiny_model) -> None:
+    server = serve(
+        *("--model", f"a={tiny_model}", "--model", f"b={tiny_model}", "--standby", "none"),
+        *("--inject-fault", f"decode:poison:marker={POISON},model=a"),
+    )
+    server.wait()
+    assert ask(server, "nope") == (404, "model_not_found")  # and nothing loads
+    assert models(server)["b"] | {"loads": 0, "state": "unloaded"} == models(server)["b"]
+    listed = server.http.get("/v1/models").json()["data"]
+    assert [(m["id"], m["status"]) for m in listed] == [("a", "ready"), ("b", "unloaded")]
+
+    with ThreadPoolExecutor(8) as pool:  # b loads on demand meanwhile
+        asked = [(m, s) for m in "abab" for s in (False, True)]
+        answers = list(pool.map(lambda c: ask(server, *c[:1], stream=c[1]), asked))
+    assert answers == [(200, "[DONE]" if s else m) for m, s in asked]
+    assert models(server)["b"]["loads"] == 1
+    assert server.http.get("/health/ready", params={"model": "b"}).status_code == 200
+
+    poisoned: list[tuple[int, str]] = []
+    aimed = threading.Thread(target=lambda: poisoned.append(ask(server, "a", POISON)))
+    aimed.start()
+    server.until(lambda h: h["models"]["a"]["state"] == "recovering")
+    during = []
+    while aimed.is_alive():  # b answers throughout a's recovery
+        during.append(ask(server, "b"))
+    aimed.join()
+    assert poisoned == [(422, "request_quarantined")]
+    assert during and set(during) == {(200, "b")}, during
+    a, b = models(server)["a"], models(server)["b"]
+    assert a["faults"]["total"] == 2 and a["worker"]["generation"] == 3
+    assert b["faults"]["total"] == 0 and b["worker"]["generation"] == 1
+    assert ask(server, "a") == (200, "a")
+    assert ask(server, "b", POISON) == (200, "b")  # the fault was aimed at a alone
+
+
+def test_loads_follow_the_memory_budget(serve, tiny_model, tmp_path: Path) -> None:
+    """Each tiny model needs ~15 MiB (its weights x 1.2, no prompt cache): 40M fits two."""
+    table = f'path = "{tiny_model}"\nprompt_cache_bytes = 0\n'
+    models_file = tmp_path / "models.toml"
+    models_file.write_text(
+        f"[a]\n{table}pin = true\n\n[b]\n{table}\n[c]\n{table}idle_ttl = 2\n\n"
+        f'[huge]\npath = "{tiny_model}"\nprompt_cache_bytes = 30_000_000\n'
+    )
+    server = serve("--models", str(models_file), "--memory-budget", "40M", "--standby", "none")
+    server.wait()
+    with ThreadPoolExecutor(2) as pool:  # two requests for an unloaded model: one load
+        assert list(pool.map(lambda _: ask(server, "b"), range(2))) == [(200, "b")] * 2
+    assert models(server)["b"]["loads"] == 1
+
+    assert ask(server, "c") == (200, "c")  # b, idle and least recently used, made room
+    seen = models(server)
+    assert seen["b"]["evictions"] == 1 and seen["b"]["state"] in ("unloading", "unloaded")
+    assert seen["a"]["state"] == "ready" and seen["a"]["evictions"] == 0  # pinned
+
+    server.until(lambda h: h["models"]["c"]["state"] == "unloaded", within=60)  # idle_ttl
+    assert ask(server, "b") == (200, "b")  # loaded again
+    seen = models(server)
+    assert (seen["b"]["loads"], seen["c"]["evictions"], seen["a"]["loads"]) == (2, 1, 1)
+
+    refused = server.http.post(
+        "/v1/chat/completions",
+        json={"model": "huge", "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert refused.status_code == 507
+    assert refused.json()["error"]["type"] == "insufficient_storage"
+    assert "resident: a " in refused.json()["error"]["message"]
+    assert models(server)["huge"]["loads"] == 0
+    metrics = server.http.get("/metrics").text
+    assert 'steward_model_loads_total{model="b"} 2.0' in metrics
+    assert 'steward_state{model="a",state="ready"} 1.0' in metrics
+
+
+def test_a_failed_model_leaves_the_others_serving(serve, tiny_model) -> None:
+    """Its restart budget spent, a model is `failed` (503) and the others serve; once every
+    model has failed the process exits 75 (`--on-model-failed serve`, the default here)."""
+    server = serve(
+        *("--model", f"a={tiny_model}", "--model", f"b={tiny_model}", "--standby", "none"),
+        *("--max-restarts", "0", "--inject-fault", f"decode:poison:marker={POISON}"),
+    )
+    server.wait()
+    assert ask(server, "b") == (200, "b")
+    assert ask(server, "a", POISON) == (503, "backend_unavailable")
+    health = server.until(lambda h: h["models"]["a"]["state"] == "failed")
+    assert health["status"] == "degraded" and health["models"]["b"]["state"] == "ready"
+    assert server.health().status_code == 200
+    assert server.http.get("/health/ready", params={"model": "a"}).status_code == 503
+    assert ask(server, "a") == (503, "backend_unavailable")
+    assert ask(server, "b") == (200, "b")
+    assert ask(server, "b", POISON) == (503, "backend_unavailable")
+    assert server.exit_code() == 75
+    assert "every model has failed" in server.output()
+
+
+def test_a_bad_models_file_exits_78_naming_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "models.toml"
+    bad.write_text('[a]\npath = "/nowhere"\n\n[b]\npath = "/x"\nwarmth = 3\n')
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "steward",
+            "serve",
+            "--models",
+            str(bad),
+            "--port",
+            str(free_port()),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 78
+    assert "line 6" in done.stderr and "unknown key 'warmth'" in done.stderr
