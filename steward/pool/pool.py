@@ -127,7 +127,9 @@ class Pool:
         """The models to evict so that `slot` fits, or the error that says why it cannot."""
         if not self.budgeted():
             return []
-        holders = [s for s in self.slots if s.supervisor is not None]
+        holders = self._resident()
+        for holder in holders:
+            holder.remember()  # what each measured, its spare's mode
         by_name = {s.name: s for s in holders}
         need, limit = slot.need(), self.memory_budget()
         plan = budget.room(

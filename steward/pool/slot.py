@@ -37,11 +37,12 @@ class Slot:
         self.load_s: float | None = None
         self.context_length: int | None = None
         self.failure: str | None = None
+        self.hot = False  # its standby chose a hot spare
 
     @property
     def copies(self) -> int:
-        """A hot spare holds a second copy."""
-        return 2 if self.config.standby == "hot" else 1
+        """A hot spare (asked for, or `auto`'s choice once it loaded) holds a second copy."""
+        return 2 if self.config.standby == "hot" or self.hot else 1
 
     def need(self) -> int:
         weights = self.measured or self.weights
@@ -90,6 +91,7 @@ class Slot:
         snap = self.supervisor.snapshot()
         self.measured = snap.model_bytes or self.measured
         self.context_length = snap.context_length or self.context_length
+        self.hot = snap.standby.get("mode") == "hot"
         if snap.status.serving:
             self.load_s = snap.bring_up_s
 
