@@ -165,6 +165,19 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         p,
+        "prompt-cache-dir",
+        str,
+        "a directory (made 0700) where long prompt prefixes' KV is kept across worker "
+        "restarts, e.g. ~/.cache/steward/kv",
+    )
+    _flag(
+        p,
+        "prompt-cache-disk-bytes",
+        byte_size,
+        "bytes --prompt-cache-dir may hold, LRU (0: no disk tier)",
+    )
+    _flag(
+        p,
         "responses-store-bytes",
         byte_size,
         "memory for stored Responses (store: true), oldest evicted first (0: none kept)",
@@ -212,7 +225,7 @@ def serve(args: argparse.Namespace) -> int:
     config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
     logs.setup(config.log_json, config.log_level)
     try:
-        config = with_key_file(config)
+        config = with_cache_dir(with_key_file(config))
         if config.max_batch < 1:
             raise ValueError(f"--max-batch {config.max_batch}: must be at least 1")
         if not 1 <= config.max_n <= MAX_N:
@@ -227,6 +240,16 @@ def serve(args: argparse.Namespace) -> int:
         logging.getLogger("steward").critical("%s", exc)
         return EX_CONFIG
     return asyncio.run(run(config, models, faults))
+
+
+def with_cache_dir(config: ServeConfig) -> ServeConfig:
+    """`--prompt-cache-dir`, made (0700) or checked now: an unusable one exits 78. None
+    when the disk tier is off."""
+    from steward.worker.kvstore import prepare_dir
+
+    if not config.prompt_cache_dir or config.prompt_cache_disk_bytes <= 0:
+        return replace(config, prompt_cache_dir=None)
+    return replace(config, prompt_cache_dir=str(prepare_dir(config.prompt_cache_dir)))
 
 
 def with_key_file(config: ServeConfig) -> ServeConfig:

@@ -73,6 +73,12 @@ class ModelSeries(Observer):
         if done.cached_tokens:
             self.at(m.cache_hits).inc()
             self.at(m.cached_tokens).inc(done.cached_tokens)
+        if done.disk is not None:  # the disk tier's (--prompt-cache-dir)
+            if done.disk.tokens or done.disk.missed:
+                self.at(m.disk_lookups, "hit" if done.disk.tokens else "miss").inc()
+            self.at(m.disk_tokens).inc(done.disk.tokens)
+            self.at(m.disk_errors).inc(done.disk.errors)
+            self.at(m.disk_bytes).set(done.disk.bytes)
 
     def request_quarantined(self) -> None:
         self.at(self.metrics.quarantined).inc()
@@ -175,6 +181,30 @@ class Metrics(ModelSeries):
         self.cached_tokens = Counter(
             "steward_prompt_cache_tokens_total",
             "Prompt tokens taken from the prompt cache instead of prefilled",
+            by,
+            registry=r,
+        )
+        self.disk_lookups = Counter(
+            "steward_prompt_disk_lookups_total",
+            "Requests that asked the prompt cache's disk tier: a longer prefix loaded, or none",
+            [*by, "result"],
+            registry=r,
+        )
+        self.disk_tokens = Counter(
+            "steward_prompt_disk_tokens_total",
+            "Prompt tokens loaded from the disk tier instead of prefilled",
+            by,
+            registry=r,
+        )
+        self.disk_errors = Counter(
+            "steward_prompt_disk_errors_total",
+            "Disk tier writes that failed (a full disk included) and corrupt entries removed",
+            by,
+            registry=r,
+        )
+        self.disk_bytes = Gauge(
+            "steward_prompt_disk_bytes",
+            "Bytes in --prompt-cache-dir, as the worker saw them at its last answer",
             by,
             registry=r,
         )

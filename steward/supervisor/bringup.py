@@ -155,6 +155,8 @@ class BringUp:
             self.config.max_batch,
             self.config.prompt_cache_bytes,
             warm,
+            prompt_cache_dir=self.config.prompt_cache_dir,
+            prompt_cache_disk_bytes=self.config.prompt_cache_disk_bytes,
         )
 
     async def _spawn_spare(self, warm: bool) -> WorkerLink:

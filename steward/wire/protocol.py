@@ -166,6 +166,18 @@ class Admitted(_Part):
     prefill: int
 
 
+class DiskUse(_Part):
+    """The prompt cache's disk tier at an answer's end: `tokens` of its prompt it loaded
+    (`missed`: it was asked and held nothing longer than memory), and the tier's own facts,
+    which reach the front with each answer: its `bytes` now, and the `errors` (writes that
+    failed, corrupt entries removed) since the previous answer."""
+
+    tokens: int
+    missed: bool
+    bytes: int
+    errors: int
+
+
 class Done(_Msg):
     """`batch`: the most requests decoded beside this one (1: it ran alone), so decode
     speeds compare like with like. `cached_tokens`: prompt tokens the prompt cache held."""
@@ -180,6 +192,7 @@ class Done(_Msg):
     batch: int = 1
     reasoning_tokens: int = 0  # of completion_tokens, those that were thinking (markers too)
     stop_sequence: str = ""  # the stop string that ended the answer, if one did
+    disk: DiskUse | None = None  # None: no disk tier (or the canary, which never uses it)
 
 
 class Rejected(_Msg):

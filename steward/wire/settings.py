@@ -18,3 +18,5 @@ class WorkerSettings:
     max_batch: int = 32
     prompt_cache_bytes: int = 0
     warm: bool = False  # a warm spare: start the runtime, load the model only when told
+    prompt_cache_dir: str | None = None  # the prompt cache's disk tier (None: none)
+    prompt_cache_disk_bytes: int = 0

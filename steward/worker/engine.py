@@ -11,7 +11,9 @@ the supervisor decides what each request gets.
 Each member keeps its own sampler (sampling.py), stop strings, `max_tokens`, usage and
 timings. Finished members leave their KV cache to an LRU prompt cache (mlx-lm's), bounded
 in bytes, so a request that shares a prefix with an earlier one (a multi-turn chat, a
-common system prompt) prefills only what is new.
+common system prompt) prefills only what is new. With `--prompt-cache-dir`, long prefixes
+also go to a disk tier that outlives the worker (diskcache.py), so a stream resumed after a
+crash loads its context instead of computing it again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
@@ -41,6 +43,9 @@ from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
 from steward.worker.sampling import sampler
 from steward.worker.solo import Solo
+
+if TYPE_CHECKING:
+    from steward.worker.diskcache import DiskCache
 
 PREFILL_STEP = 512  # prompt tokens per prefill chunk: the batch waits at most one chunk
 PREFILL_BATCH = 8  # prompts prefilled together
@@ -81,6 +86,7 @@ class Member:
     count: int = 0  # real tokens generated, resumed ones included
     resumed: int = 0  # tokens an earlier attempt generated and the client has
     batch: int = 1  # the largest batch it decoded in
+    disk: int | None = None  # prompt tokens loaded from the disk tier (None: not asked)
 
     @property
     def new(self) -> int:
@@ -89,10 +95,13 @@ class Member:
 
 
 class Engine:
-    def __init__(self, backend: Backend, max_batch: int, cache_bytes: int) -> None:
+    def __init__(
+        self, backend: Backend, max_batch: int, cache_bytes: int, disk: DiskCache | None = None
+    ) -> None:
         self.backend = backend
         self.max_batch = max_batch
         self.cache = LRUPromptCache(CACHE_ENTRIES, cache_bytes) if cache_bytes > 0 else None
+        self.disk = disk  # the prompt cache's tier that outlives the worker (diskcache.py)
         self.members: dict[int, Member] = {}  # by the generator's uid
         self.uids: dict[int, int] = {}  # request id -> uid
         self.finished: list[Done] = []  # cancelled between steps, reported with the next
@@ -132,7 +141,7 @@ class Engine:
         backend.injector.hit("prefill", req.seq, req.attempt, marked, req.armed)
         tokens = prompt + list(req.resume)  # a resumed answer continues after its tokens
         # The canary always computes afresh: after a fault, it checks the whole path.
-        cache, rest = self._cached(tokens) if req.id >= 0 else (None, tokens)
+        cache, rest, disk = self._cached(tokens) if req.id >= 0 else (None, tokens, None)
         held = len(tokens) - len(rest)  # tokens whose KV came from the prompt cache
         try:
             processor = backend.logits_processor(req)
@@ -148,6 +157,7 @@ class Engine:
             marked,
             count=len(req.resume),
             resumed=len(req.resume),
+            disk=None if disk is None else min(disk, len(prompt)),
         )
         max_tokens = (req.max_tokens or backend.context_length - len(prompt)) - member.count
         if max_tokens < 1:  # the fault struck after the last token: nothing is left to do
@@ -204,7 +214,7 @@ class Engine:
             member.batch = max(member.batch, size)
             finish = self._advance(member, out, now, step.tokens, logprob)
             if finish is not None:
-                self._remember(out.all_tokens, out.prompt_cache)
+                self._remember(out.all_tokens, out.prompt_cache, member.req)
                 step.done.append(self._leave(out.uid, finish, generator_done=out.finish_reason))
         return step
 
@@ -227,6 +237,8 @@ class Engine:
         self.generator = self._generator()
         if self.cache is not None:  # KV computed around a fault is not to be trusted
             self.cache = LRUPromptCache(CACHE_ENTRIES, self.cache.max_bytes)
+        if self.disk is not None:  # nor what is not on disk yet (diskcache.py)
+            self.disk.fault()
         return ids
 
     def _arm_grammars(self) -> None:
@@ -290,6 +302,8 @@ class Engine:
         drawn = solo.next()
         if drawn is None:
             step.prefilled.append(member.req.id)
+            if len(solo.held()) == len(solo.prompt) - 1:  # the prompt is in
+                self._save(solo.held(), solo.cache, member.req)
             return step
         token, row = drawn
         finish = "stop" if token in self.eos else None
@@ -306,7 +320,7 @@ class Engine:
         assert self.solo is not None
         member, solo = self.solo
         self.solo = None
-        self._remember(solo.held(), solo.cache)
+        self._remember(solo.held(), solo.cache, member.req)
         return self._done(member, finish)
 
     def _handover(self) -> None:
@@ -342,6 +356,9 @@ class Engine:
     def _prefilled(self, uid: int) -> None:
         """A member's prompt is in its cache: the requests waiting for it join with a copy
         (its last token fed again, for their own first token)."""
+        if self.disk is not None and (member := self.members.get(uid)) is not None:
+            cache, held = self.generator.extract_cache([uid])[uid]
+            self._save(held, cache, member.req)
         self._unshare(uid)
         for joining in self.waiting.pop(uid, []):
             cache, held = self.generator.extract_cache([uid]).get(uid, (None, []))
@@ -366,9 +383,9 @@ class Engine:
         for joining in self.waiting.pop(uid, []):  # left before its prompt was in: alone
             self._join(joining, None, joining.tokens)
         if generator_done is None:  # still in the generator: take it out, keep its cache
-            kept = self.generator.remove([uid], return_prompt_caches=self.cache is not None)
+            kept = self.generator.remove([uid], return_prompt_caches=self._caching)
             for cache, tokens in kept.values():
-                self._remember(tokens, cache)
+                self._remember(tokens, cache, member.req)
         return self._done(member, finish)
 
     def _done(self, member: Member, finish: str) -> Done:
@@ -386,10 +403,22 @@ class Engine:
             batch=member.batch,
             reasoning_tokens=member.answer.reasoning_tokens,
             stop_sequence=member.answer.stop_sequence,
+            disk=self.disk.use(member.disk) if self.disk and member.req.id >= 0 else None,
         )
 
-    def _cached(self, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:
-        """The longest cached prefix's KV (a copy) and the tokens still to prefill."""
+    def _cached(self, tokens: list[int]) -> tuple[list[Any] | None, list[int], int | None]:
+        """The longest cached prefix's KV (a copy), the tokens still to prefill, and how
+        many came from disk (None: the disk tier was not asked)."""
+        cache, rest = self._in_memory(tokens)
+        if self.disk is None or len(rest) <= 1:
+            return cache, rest, None
+        found = self.disk.fetch(tokens, len(tokens) - len(rest))
+        if found is None:
+            return cache, rest, 0
+        cache, held = found
+        return cache, tokens[held:], held
+
+    def _in_memory(self, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:
         if self.cache is None:
             return None, tokens
         cache, rest = self.cache.fetch_nearest_cache(MODEL_KEY, tokens)
@@ -400,6 +429,16 @@ class Engine:
             rest = tokens[-1:]
         return cache, rest
 
-    def _remember(self, tokens: list[int] | None, cache: list[Any] | None) -> None:
+    @property
+    def _caching(self) -> bool:
+        return self.cache is not None or self.disk is not None
+
+    def _remember(self, tokens: list[int] | None, cache: list[Any] | None, req: Generate) -> None:
         if self.cache is not None and tokens and cache:
             self.cache.insert_cache(MODEL_KEY, list(tokens), cache)
+        self._save(tokens, cache, req)
+
+    def _save(self, tokens: list[int] | None, cache: list[Any] | None, req: Generate) -> None:
+        """To the disk tier, off the token path; never the canary's or the warm-up's."""
+        if self.disk is not None and tokens and req.id >= 0:
+            self.disk.save(list(tokens), cache)

@@ -104,10 +104,11 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
 
 def _engine(backend: Backend, settings: WorkerSettings) -> Engine:
     """The batch engine, its kernels warmed for a first burst (warmup.py)."""
-    from steward.worker import warmup
+    from steward.worker import diskcache, warmup
     from steward.worker.engine import Engine
 
-    engine = Engine(backend, settings.max_batch, settings.prompt_cache_bytes)
+    disk = diskcache.configured(settings)
+    engine = Engine(backend, settings.max_batch, settings.prompt_cache_bytes, disk)
     warmup.run(engine, settings.max_batch)
     return engine
 
