@@ -20,7 +20,7 @@ from steward import __version__
 from steward.config import ServeConfig
 from steward.errors import ApiError, error_response
 from steward.front import health_routes
-from steward.front.dialects import anthropic, chat, completions, openai, responses
+from steward.front.dialects import anthropic, chat, completions, embeddings, openai, responses
 from steward.front.middleware import RequestContext
 from steward.ops.metrics import Metrics
 from steward.pool.pool import Pool
@@ -43,7 +43,7 @@ def create_app(config: ServeConfig, backend: Pool | Supervisor, metrics: Metrics
     app.state.pool = backend if isinstance(backend, Pool) else Pool.around(config, backend)
     app.state.metrics = metrics
     app.include_router(health_routes.router)
-    for dialect in (chat, completions, openai, anthropic, responses):
+    for dialect in (chat, completions, openai, anthropic, responses, embeddings):
         app.include_router(dialect.router)
     app.add_middleware(RequestContext, config=config, metrics=metrics)
 

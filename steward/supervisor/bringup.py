@@ -46,6 +46,7 @@ class Model:
     max_token_chars: int | None = None  # the longest token's text: bounds a prompt
     max_batch: int | None = None
     thinking: bool = False
+    dimensions: int = 0  # an embedding model's vectors (0: a generating model)
     model_bytes: int = 0  # the device memory the loaded model takes
     device_bytes: int = 0  # the device's, or its recommended working set where it has one
 
@@ -72,7 +73,7 @@ class BringUp:
         self.standby = Standby(config.standby, self._spawn_spare, self.check, config.load_timeout)
         self.model = Model()
         self.link: WorkerLink | None = None  # the serving worker's line
-        self.golden: tuple[int, ...] | None = None
+        self.golden: tuple[float, ...] | None = None  # the canary's tokens, or its vector
         self.generation = 0  # workers started so far, spares included
         self.seconds = 10.0  # the last bring-up, until measured: a guess for Retry-After
         self.since = time.monotonic()  # the bring-up under way began
@@ -127,21 +128,25 @@ class BringUp:
         link = link or self.link
         assert link is not None
         started = time.monotonic()
+        dimensions = self.model.dimensions
         try:
-            tokens, done = await canary.run(link, self.speeds.deadline)
+            if dimensions:
+                answer, done = await canary.embed(link, self.speeds.deadline, dimensions)
+            else:
+                answer, done = await canary.run(link, self.speeds.deadline)
         except FaultError as err:
             self.events.canary_ran(False, time.monotonic() - started)
             return err.fault
         seconds = time.monotonic() - started
-        self.events.canary_ran(tokens == (self.golden or tokens), seconds)
+        self.events.canary_ran(canary.same(answer, self.golden or answer), seconds)
         self.speeds.canary(done, seconds)
+        shown = list(answer[: canary.MAX_TOKENS])  # a vector's first values
         if self.golden is None:
-            self.golden = tokens
-            log.info("canary golden tokens %s, decode %.1f tok/s", tokens, done.decode_tps)
-        elif tokens != self.golden:
-            return canary.mismatch(
-                link, f"canary tokens {list(tokens)} differ from {list(self.golden)}"
-            )
+            self.golden = answer
+            log.info("canary golden %s, decode %.1f tok/s", shown, done.decode_tps)
+        elif not canary.same(answer, self.golden):
+            golden = list(self.golden[: canary.MAX_TOKENS])
+            return canary.mismatch(link, f"canary {shown} differs from {golden}")
         return None
 
     def _settings(self, warm: bool) -> WorkerSettings:
@@ -155,6 +160,8 @@ class BringUp:
             self.config.max_batch,
             self.config.prompt_cache_bytes,
             warm,
+            self.config.model_kind,
+            self.config.max_embedding_tokens,
             prompt_cache_dir=self.config.prompt_cache_dir,
             prompt_cache_disk_bytes=self.config.prompt_cache_disk_bytes,
         )
@@ -217,6 +224,7 @@ class BringUp:
             msg.max_token_chars,
             msg.max_batch,
             msg.thinking,
+            msg.dimensions,
             model_bytes=msg.model_bytes,
             device_bytes=device,
         )

@@ -63,6 +63,19 @@ class Generate(_Msg):
         )
 
 
+class Embed(_Msg):
+    """Embed each input, a text or token ids, in one vector (a model of kind `embedding`).
+    `dimensions`: the vectors cut to that many, then made unit length again (Matryoshka);
+    `seq`, `attempt` and `armed` as `Generate`'s, for fault injection."""
+
+    id: int
+    seq: int
+    attempt: int
+    inputs: list[str | list[int]]
+    dimensions: int | None = None
+    armed: list[int] = []
+
+
 class Cancel(_Msg):
     """The client went away: stop generating for it."""
 
@@ -94,6 +107,7 @@ class Ready(_Msg):
     memory_bytes: int = 0  # the device's memory (the machine's, where it has none apart)
     working_set_bytes: int = 0  # the device's recommended working set (Metal), 0 if none
     thinking: bool = False  # the tokenizer marks thinking (mlx-lm's detection: `<think>`, ...)
+    dimensions: int = 0  # an embedding model's vector length (0: a generating model)
 
 
 class Warm(_Msg):
@@ -166,6 +180,14 @@ class Admitted(_Part):
     prefill: int
 
 
+class Vectors(_Part):
+    """An `Embed`'s answer: one vector per input, in order, `dimensions` little-endian
+    float32 each (OpenAI's base64 bytes, as they are)."""
+
+    dimensions: int
+    data: bytes
+
+
 class DiskUse(_Part):
     """The prompt cache's disk tier at an answer's end: `tokens` of its prompt it loaded
     (`missed`: it was asked and held nothing longer than memory), and the tier's own facts,
@@ -180,7 +202,9 @@ class DiskUse(_Part):
 
 class Done(_Msg):
     """`batch`: the most requests decoded beside this one (1: it ran alone), so decode
-    speeds compare like with like. `cached_tokens`: prompt tokens the prompt cache held."""
+    speeds compare like with like. `cached_tokens`: prompt tokens the prompt cache held.
+    An `Embed` ends with its `embedding` (its inputs' tokens are `prompt_tokens`, `ttft` the
+    time to its vectors): a job that yields one result, to the supervisor like any other."""
 
     id: int
     finish_reason: str
@@ -193,6 +217,7 @@ class Done(_Msg):
     reasoning_tokens: int = 0  # of completion_tokens, those that were thinking (markers too)
     stop_sequence: str = ""  # the stop string that ended the answer, if one did
     disk: DiskUse | None = None  # None: no disk tier (or the canary, which never uses it)
+    embedding: Vectors | None = None
 
 
 class Rejected(_Msg):
@@ -222,12 +247,14 @@ class Failed(_Msg):
     traceback: str
 
 
-def prompt_text(req: Generate) -> str:
+def prompt_text(req: Generate | Embed) -> str:
     """What fault-injection markers are looked for in."""
+    if isinstance(req, Embed):
+        return "\n".join(text for text in req.inputs if isinstance(text, str))
     return (req.prompt or "") if req.messages is None else json.dumps(req.messages)
 
 
-ToWorker = Generate | Cancel | Shutdown | Load
+ToWorker = Generate | Embed | Cancel | Shutdown | Load
 FromWorker = Ready | Warm | LoadFailed | Heartbeat | Step | Rejected | Failed
 
 encode = msgspec.msgpack.Encoder().encode

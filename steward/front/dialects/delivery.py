@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,6 +24,8 @@ from steward.front import backend
 from steward.front.dialects.seam import Answer
 from steward.supervisor.jobs import Event, Job
 from steward.wire.protocol import Done, Token
+
+T = TypeVar("T")
 
 
 class Waiter:
@@ -82,30 +85,51 @@ async def respond(
 
     Until the answer starts, a client that hangs up cancels its jobs: no work for clients
     that left (once streaming, Starlette's own disconnect listener does the same)."""
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        firsts = [await _unless(gone, waiter.next()) for waiter in waiters]
-        if not stream:
-            dones = []
-            for waiter, event in zip(waiters, firsts, strict=True):
-                while not isinstance(event, Done):
-                    event = await _unless(gone, waiter.next())
-                dones.append(event)
-            note_usage(request, dones)
-            return JSONResponse(answer.full([w.job for w in waiters], dones))
-    except ClientGone:
-        _close(waiters)
-        return Response(status_code=499)  # nginx's "client closed request", for the logs
-    except BaseException:
-        _close(waiters)
-        raise
-    finally:
-        gone.cancel()
+    if not stream:
+        return await whole(request, waiters, answer.full)
+    firsts = await _watched(request, waiters, lambda waiter: waiter.next())
+    if isinstance(firsts, Response):
+        return firsts
     return StreamingResponse(
         _stream(request, waiters, answer, firsts),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
+
+
+async def whole(
+    request: Request, waiters: list[Waiter], body: Callable[[list[Job], list[Done]], dict]
+) -> Response:
+    """Wait for every job's end, then answer one JSON `body` of the jobs and their ends."""
+    dones = await _watched(request, waiters, _done)
+    if isinstance(dones, Response):
+        return dones
+    note_usage(request, dones)
+    return JSONResponse(body([w.job for w in waiters], dones))
+
+
+async def _watched(
+    request: Request, waiters: list[Waiter], wait: Callable[[Waiter], Awaitable[T]]
+) -> list[T] | Response:
+    """`wait` for each waiter in turn; a client that hangs up meanwhile cancels its jobs
+    (and gets 499, nginx's "client closed request", for the logs)."""
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        return [await _unless(gone, wait(waiter)) for waiter in waiters]
+    except ClientGone:
+        _close(waiters)
+        return Response(status_code=499)
+    except BaseException:
+        _close(waiters)
+        raise
+    finally:
+        gone.cancel()
+
+
+async def _done(waiter: Waiter) -> Done:
+    while not isinstance(event := await waiter.next(), Done):
+        pass
+    return event
 
 
 def note_usage(request: Request, dones: list[Done]) -> None:
@@ -128,7 +152,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _unless(gone: asyncio.Future[None], next_event: Awaitable[Token | Done]) -> Token | Done:
+async def _unless(gone: asyncio.Future[None], next_event: Awaitable[T]) -> T:
     waiting = asyncio.ensure_future(next_event)
     await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
     if waiting.done():

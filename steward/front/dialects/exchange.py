@@ -28,8 +28,9 @@ from steward.front.dialects.delivery import Waiter, respond
 from steward.front.dialects.seam import Answer, Ask
 from steward.front.docs import error_responses
 from steward.front.images import ImageLimits, load_images
+from steward.model.kind import KINDS
 from steward.supervisor.jobs import Job
-from steward.wire.protocol import Generate, encode
+from steward.wire.protocol import Embed, Generate, encode
 
 
 def dialect_router() -> APIRouter:
@@ -42,9 +43,23 @@ def dialect_router() -> APIRouter:
     )
 
 
-def served_model(request: Request, name: str | None) -> str:
-    """The id of the model `name` may mean (pool/names.py), noted for the access log."""
-    return backend.route(request, name).name
+def served_model(request: Request, name: str | None, kind: str = "chat") -> str:
+    """The id of the model `name` may mean (pool/names.py), noted for the access log;
+    a model of another kind than the route's (`chat` generates) is the route's 400, as
+    vLLM answers it."""
+    slot = backend.route(request, name)
+    model = slot.name
+    if (served := slot.config.model_kind) in KINDS and served != kind:  # not "auto"
+        route = f"{request.method} {request.url.path}"
+        other = "POST /v1/embeddings" if served == "embedding" else "the generation routes"
+        raise ApiError(
+            "validation_error",
+            f"The model {model!r} is {'an' if served == 'embedding' else 'a'} {served} model: "
+            f"it does not support {route}; "
+            f"it answers {other}.",
+            param="model",
+        )
+    return model
 
 
 async def images(request: Request, urls: list[str], model: str) -> list[bytes]:
@@ -72,11 +87,12 @@ def submit(request: Request, model: str, ask: Ask) -> list[Waiter]:
     try:
         for choice in _choices(ask.payload, ask.choices):
             unbounded = msgspec.structs.replace(choice, max_tokens=None) if cap else choice
-            whole = _starter(request, model, ask, unbounded)
+            whole = _starter(request, model, unbounded, ask.prompt_chars, ask.stream)
             if not cap:
                 waiters.append(Waiter(request, whole()))
                 continue
-            capped = _starter(request, model, ask, msgspec.structs.replace(choice, max_tokens=cap))
+            limited = msgspec.structs.replace(choice, max_tokens=cap)
+            capped = _starter(request, model, limited, ask.prompt_chars, ask.stream)
             try:
                 waiters.append(Waiter(request, capped(), fallback=whole))
             except ApiError as error:
@@ -98,7 +114,14 @@ def _choices(payload: Generate, n: int) -> list[Generate]:
     return [msgspec.structs.replace(payload, seed=(payload.seed + i) % 2**32) for i in range(n)]
 
 
-def _starter(request: Request, model: str, ask: Ask, payload: Generate) -> Callable[[], Job]:
+def start_job(request: Request, model: str, payload: Embed, prompt_chars: int) -> Job:
+    """Submit a payload that is one job (an embedding), as every dialect's are."""
+    return _starter(request, model, payload, prompt_chars, stream=False)()
+
+
+def _starter(
+    request: Request, model: str, payload: Generate | Embed, prompt_chars: int, stream: bool
+) -> Callable[[], Job]:
     """Submitting `payload`, deferred; its digest (model + the bytes the worker gets) is
     what quarantine recognises a payload by, whatever the dialect."""
     try:
@@ -108,4 +131,4 @@ def _starter(request: Request, model: str, ask: Ask, payload: Generate) -> Calla
     digest = hashlib.sha256(model.encode() + b"\0" + wire).hexdigest()
     supervisor = backend.supervisor(request)
     request_id = request.state.request_id
-    return lambda: supervisor.submit(payload, ask.prompt_chars, request_id, digest, ask.stream)
+    return lambda: supervisor.submit(payload, prompt_chars, request_id, digest, stream)
