@@ -28,14 +28,16 @@ SIZES = {
 }  # fmt: skip
 
 
-def build(out: Path, tokenizer_dir: Path, size: str, bits: int | None) -> Path:
+def build(
+    out: Path, tokenizer_dir: Path, size: str, bits: int | None, context: int = 32_768
+) -> Path:
     vocab, special = take_tokenizer(out, tokenizer_dir)
     config = {
         "model_type": "llama",
         "vocab_size": vocab,
         "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0,
-        "max_position_embeddings": 8192,
+        "max_position_embeddings": context,
         **SIZES[size],
     }
     mx.random.seed(0)
@@ -58,8 +60,9 @@ def main() -> None:
     parser.add_argument("tokenizer_dir", type=Path)
     parser.add_argument("--size", choices=sorted(SIZES), default="1b")
     parser.add_argument("--bits", type=int, choices=[4, 8])
+    parser.add_argument("--context", type=int, default=32_768, help="agents' prompts are long")
     args = parser.parse_args()
-    print(build(args.out, args.tokenizer_dir, args.size, args.bits))
+    print(build(args.out, args.tokenizer_dir, args.size, args.bits, args.context))
 
 
 if __name__ == "__main__":

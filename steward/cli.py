@@ -33,6 +33,16 @@ def byte_size(text: str) -> int:
     return int(text)
 
 
+def batch_width(text: str) -> int:
+    """`auto` (0) or a width of at least 1."""
+    if text.strip().lower() == "auto":
+        return 0
+    width = int(text)
+    if width < 1:
+        raise argparse.ArgumentTypeError(f"{text}: auto or at least 1")
+    return width
+
+
 def _env(flag: str) -> str | None:
     return os.environ.get("STEWARD_" + flag.upper().replace("-", "_"))
 
@@ -57,7 +67,7 @@ def _flag(
             "--" + flag,
             type=kind,
             default=kind(env) if env else default,
-            help=f"{help} (default: {default})",
+            help=f"{help} (default: {kwargs.pop('shown', default)})",
             **kwargs,
         )
 
@@ -139,7 +149,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "max-image-bytes", byte_size, "largest encoded image accepted")
     _flag(p, "max-images", int, "most images in one request")
     _flag(p, "allow-image-urls", bool, "allow remote image URLs")
-    _flag(p, "max-batch", int, "requests decoded together (continuous batching)")
+    _flag(
+        p,
+        "max-batch",
+        batch_width,
+        "requests decoded together: auto (from memory and the measured knee) or a number",
+        metavar="auto|N",
+        shown="auto",
+    )
     _flag(p, "max-n", int, "most choices (`n`) one request may ask for, each a batch member")
     _flag(
         p,
@@ -183,6 +200,16 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "memory for stored Responses (store: true), oldest evicted first (0: none kept)",
     )
     _flag(p, "responses-store-age", float, "seconds a stored Response is kept")
+    _flag(
+        p,
+        "model-kind",
+        str,
+        "chat: generate; embedding: serve /v1/embeddings; auto: embedding for a "
+        "sentence-transformers layout or an encoder (BERT), else chat",
+        choices=["auto", "chat", "embedding"],
+    )
+    _flag(p, "max-embedding-inputs", int, "most inputs one embeddings request may have")
+    _flag(p, "max-embedding-tokens", int, "most tokens one embeddings request's inputs have")
     _flag(p, "inject-fault", str, "fault injection POINT:ACTION[:TRIGGER] (tests, drills)")
 
 
@@ -215,6 +242,7 @@ def parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace) -> int:
     from steward.front.server import serve as run
+    from steward.model import kind
     from steward.model.resolve import ModelError
     from steward.ops import logs
     from steward.pool import catalog
@@ -226,14 +254,15 @@ def serve(args: argparse.Namespace) -> int:
     logs.setup(config.log_json, config.log_level)
     try:
         config = with_cache_dir(with_key_file(config))
-        if config.max_batch < 1:
-            raise ValueError(f"--max-batch {config.max_batch}: must be at least 1")
         if not 1 <= config.max_n <= MAX_N:
             raise ValueError(f"--max-n {config.max_n}: must be between 1 and {MAX_N}")
         if config.max_tokens_default < 0:
             raise ValueError(f"--max-tokens-default {config.max_tokens_default}: must be >= 0")
         models = catalog.load(specs, config.models, config.served_model_name)
-        config = replace(config, model=models[0].path)
+        models = [
+            replace(m, kind=kind.resolve(m.kind or config.model_kind, m.source)) for m in models
+        ]
+        config = replace(config, model=models[0].path, model_kind=models[0].kind)
         faults = parse_all(config.inject_fault)
         catalog.check_aims(faults, models)
     except (ModelError, ValueError, OSError) as exc:

@@ -35,7 +35,7 @@ class ServeConfig:
     max_image_bytes: int = 16 * 1024 * 1024
     max_images: int = 8
     allow_image_urls: bool = False
-    max_batch: int = 32
+    max_batch: int = 0  # 0: auto, sized by memory and the measured knee (worker/width.py)
     max_n: int = 8  # choices per request
     max_tokens_default: int = 4096  # the cap when a request gives no max_tokens (0: none)
     standby: str = "auto"  # auto, none, warm (runtime up, no model) or hot (model loaded)
@@ -44,6 +44,9 @@ class ServeConfig:
     prompt_cache_disk_bytes: int = 4 * 1024 * 1024 * 1024
     responses_store_bytes: int = 128 * 1024 * 1024  # stored Responses, oldest out first
     responses_store_age: float = 24 * 3600.0  # seconds a stored response is kept
+    model_kind: str = "auto"  # chat or embedding; auto: read from the model's files (kind.py)
+    max_embedding_inputs: int = 2048  # inputs of one embeddings request (OpenAI's bound)
+    max_embedding_tokens: int = 300_000  # their tokens in all (OpenAI's bound)
     inject_fault: list[str] = field(default_factory=list)
     models: str | None = None  # a models file (SPEC §9): one TOML table per model
     memory_budget: int | None = None  # bytes resident models may take; None: the device's

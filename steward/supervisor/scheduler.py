@@ -19,9 +19,9 @@ S = JobStatus
 
 class Scheduler:
     def __init__(self, max_batch: int, queue_size: int, window: float) -> None:
-        self.max_batch = max_batch
+        self.max_batch = max_batch  # 0: as wide as the worker says (`--max-batch auto`)
         self.window = window
-        self.worker_max = max_batch  # what the serving worker said it can batch
+        self.worker_max = max_batch or 1  # what the serving worker said it can batch
         self.queue = JobQueue(queue_size)
         self.running: dict[int, Job] = {}
         self.probation: deque[list[Job]] = deque()
@@ -32,7 +32,7 @@ class Scheduler:
 
     @property
     def limit(self) -> int:
-        limit = min(self.max_batch, self.worker_max)
+        limit = min(self.max_batch or self.worker_max, self.worker_max)
         if time.monotonic() < self._shrunk_until:
             limit = min(limit, self._shrunk)
         return limit

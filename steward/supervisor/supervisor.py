@@ -276,6 +276,7 @@ class Supervisor:
 
     def _serving(self) -> None:
         """Serving: `degraded` while a fault is within the restart window or decode is slow."""
+        self.scheduler.worker_max = self.bringup.model.max_batch or self.scheduler.worker_max
         last = self.faults.last
         if last and time.time() - last.at < self.config.restart_window:
             self._set_state(State.DEGRADED, f"fault {last.id} ({last.cls}) in the restart window")

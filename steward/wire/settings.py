@@ -15,8 +15,10 @@ class WorkerSettings:
     faults: list[FaultSpec]
     parent_pid: int
     memory_limit: int | None = None
-    max_batch: int = 32
+    max_batch: int = 0  # 0: auto (width.py)
     prompt_cache_bytes: int = 0
     warm: bool = False  # a warm spare: start the runtime, load the model only when told
+    kind: str = "chat"  # or "embedding": what the worker loads and serves
+    max_embedding_tokens: int = 300_000  # an embeddings request's inputs, in all
     prompt_cache_dir: str | None = None  # the prompt cache's disk tier (None: none)
     prompt_cache_disk_bytes: int = 0

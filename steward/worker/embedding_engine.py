@@ -44,8 +44,9 @@ def bucket(length: int) -> int:
 
 
 class EmbeddingEngine:
-    def __init__(self, embedder: Embedder) -> None:
+    def __init__(self, embedder: Embedder, max_batch: int) -> None:
         self.embedder = embedder
+        self.max_batch = max_batch  # requests taken at once (their inputs share forwards)
         self.pending: dict[int, Pending] = {}  # by request id, oldest first
         self.finished: list[Done] = []
 

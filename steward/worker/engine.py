@@ -38,6 +38,8 @@ from steward.wire.protocol import (
 )
 from steward.worker.answer import Answer
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
+from steward.worker.chunks import Chunks
+from steward.worker.decode import Lean
 from steward.worker.grammar import RESIDENT, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
@@ -47,7 +49,6 @@ from steward.worker.solo import Solo
 if TYPE_CHECKING:
     from steward.worker.diskcache import DiskCache
 
-PREFILL_STEP = 512  # prompt tokens per prefill chunk: the batch waits at most one chunk
 PREFILL_BATCH = 8  # prompts prefilled together
 CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps the trie small
 MODEL_KEY = "model"  # one model per worker
@@ -109,16 +110,19 @@ class Engine:
         self.prefilling: dict[tuple[int, ...], int] = {}  # a prompt being prefilled -> uid
         self.waiting: dict[int, list[Waiting]] = {}  # uid -> requests that wait for its prompt
         self.eos = set(backend.tokenizer.eos_token_ids)
+        self.chunks = Chunks()  # prefill chunks sized by measured speed
         self.generator = self._generator()
 
     def _generator(self) -> BatchGenerator:
-        return BatchGenerator(
+        generator = BatchGenerator(
             Masked(self.backend.model, self.backend.batch_step),
             stop_tokens=[[t] for t in self.eos],
             completion_batch_size=self.max_batch,
             prefill_batch_size=min(PREFILL_BATCH, self.max_batch),
-            prefill_step_size=PREFILL_STEP,
         )
+        generator._generation_batch = Lean.empty(generator.model, generator.sampler)
+        self.chunks.reset(generator)
+        return generator
 
     @property
     def busy(self) -> bool:
@@ -168,7 +172,7 @@ class Engine:
         processors = [processor] if processor is not None else []
         if self.solo is None and not self.members:
             solo = Solo(
-                backend.model, tokens, cache, held, draw, processors, max_tokens, PREFILL_STEP
+                backend.model, tokens, cache, held, draw, processors, max_tokens, self.chunks.size
             )
             self.solo = (member, solo)
             return admitted
@@ -179,6 +183,12 @@ class Engine:
             return admitted  # silent while the one it waits for prefills
         self._join(joining, cache, rest)
         return admitted
+
+    def widen(self, width: int) -> None:
+        """Decode up to `width` members together from the next step (`--max-batch auto`)."""
+        self.max_batch = width
+        self.generator.completion_batch_size = max(width, self.generator.prefill_batch_size)
+        self.generator.prefill_batch_size = min(PREFILL_BATCH, width)
 
     def cancel(self, req_id: int) -> None:
         if self.solo is not None and self.solo[0].req.id == req_id:
@@ -194,7 +204,11 @@ class Engine:
         if self.solo is not None:
             return self._solo_step()
         self._arm_grammars()
+        wanted = any(member.req.logprobs >= 0 for member in self.members.values())
+        self.generator._generation_batch.rows_wanted = wanted
+        self.chunks.resize(self.generator)
         prompts, outputs = self.generator.next() if self.members else ([], [])
+        self.chunks.measured(self.generator)
         for response in prompts:
             if response.end_of_prompt:
                 self._prefilled(response.uid)

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from steward.model.resolve import ModelError, ModelSource, is_vision
 from steward.wire.channel import BlockingChannel
@@ -27,6 +27,7 @@ from steward.wire.protocol import (
     Admitted,
     Cancel,
     Done,
+    Embed,
     Failed,
     FromWorker,
     Generate,
@@ -47,6 +48,7 @@ from steward.worker.injection import Injector
 
 if TYPE_CHECKING:
     from steward.worker.backend import Backend
+    from steward.worker.embedding_engine import EmbeddingEngine
     from steward.worker.engine import Engine
     from steward.worker.vision import VisionBackend
 
@@ -58,6 +60,12 @@ CONFIG_ERRORS = (ModelError, OSError, ValueError, KeyError, json.JSONDecodeError
 def run(sock: socket.socket, settings: WorkerSettings) -> None:
     """Entry point of the spawned process."""
     lifeline.hold(settings.parent_pid)
+    # On CUDA, MLX builds a cuDNN attention graph for every new shape: a prefill chunk's
+    # every new context length, a batch's every new width (tens to hundreds of ms each, in
+    # every first burst and again for each new conversation). Its own kernels need none:
+    # on an H200, three new 13k-token prompts prefilled in 1.8-1.9 s without cuDNN against
+    # 2.4-5.2 s with it (bench/step_phases.py). An operator's setting wins.
+    os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
     if settings.memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (settings.memory_limit, settings.memory_limit))
     channel = BlockingChannel(sock)
@@ -70,8 +78,13 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         return
     started = time.perf_counter()
     try:
-        backend = load_backend(settings.source, Injector(settings.faults, settings.generation))
-        engine = _engine(backend, settings) if backend.batches else None
+        injector = Injector(settings.faults, settings.generation)
+        if settings.kind == "embedding":
+            engine = _embedding_engine(settings, injector)
+            backend = engine.embedder
+        else:
+            backend = load_backend(settings.source, injector)
+            engine = _engine(backend, settings) if backend.batches else None
     except CONFIG_ERRORS as exc:
         send(LoadFailed(True, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
@@ -84,10 +97,11 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
             os.getpid(),
             backend.context_length,
             backend.max_token_chars,
-            1 if vision else settings.max_batch,
+            1 if engine is None else engine.max_batch,
             time.perf_counter() - started,
             *_memory(),
             thinking=backend.thinking,
+            dimensions=backend.dimensions if settings.kind == "embedding" else 0,
         )
     )
     inbox: queue.SimpleQueue[ToWorker | None] = queue.SimpleQueue()
@@ -104,17 +118,53 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
 
 def _engine(backend: Backend, settings: WorkerSettings) -> Engine:
     """The batch engine, its kernels warmed for a first burst (warmup.py)."""
-    from steward.worker import diskcache, warmup
+    import mlx.core as mx
+
+    from steward.worker import diskcache, warmup, width
     from steward.worker.engine import Engine
 
     disk = diskcache.configured(settings)
-    engine = Engine(backend, settings.max_batch, settings.prompt_cache_bytes, disk)
-    warmup.run(engine, settings.max_batch)
+    engine = Engine(backend, settings.max_batch or width.CEILING, settings.prompt_cache_bytes, disk)
+    if settings.max_batch:
+        warmup.run(engine, [settings.max_batch])
+        return engine
+    _, device, working_set = _memory()
+    used = mx.get_active_memory()
+    free = width.free_bytes(working_set or device, used, settings.prompt_cache_bytes)
+    fit = width.fits(backend.model, _kv_itemsize(backend.model), backend.context_length, free)
+    speeds = warmup.run(engine, width.widths(fit))
+    engine.widen(min(fit, width.knee(speeds) if speeds else width.CPU))
     return engine
 
 
+def _kv_itemsize(model: Any) -> int:
+    """Bytes of a KV element: the model's activations' type, its first floating parameter's
+    (a quantized model's scales)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    for _, value in tree_flatten(model.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating):
+            return value.dtype.size
+    return 2
+
+
+def _embedding_engine(settings: WorkerSettings, injector: Injector) -> EmbeddingEngine:
+    """An embedding model (embedder.py), batched as embedding_engine.py does."""
+    from steward.model.gguf import materialize
+    from steward.worker import width
+    from steward.worker.embedder import Embedder
+    from steward.worker.embedding_engine import EmbeddingEngine
+
+    with _file_limit_kept():
+        embedder = Embedder(materialize(settings.source), injector, settings.max_embedding_tokens)
+    return EmbeddingEngine(embedder, settings.max_batch or width.CPU)
+
+
 def _serve_batched(
-    engine: Engine, inbox: queue.SimpleQueue[ToWorker | None], send: Callable[[FromWorker], None]
+    engine: Engine | EmbeddingEngine,
+    inbox: queue.SimpleQueue[ToWorker | None],
+    send: Callable[[FromWorker], None],
 ) -> None:
     """Between steps, let every waiting request join and every cancelled one leave; a
     fault while joining or stepping fails the whole batch. The requests a pass takes in are
@@ -132,7 +182,7 @@ def _serve_batched(
                     send(_failed(engine.drop_all(), exc))
                     admitted.clear()  # each of them is in the failure
                 continue
-            if not isinstance(msg, Generate):
+            if not isinstance(msg, Generate | Embed):
                 continue
             try:
                 taken = engine.add(msg)

@@ -1,41 +1,87 @@
-"""Warm shapes: compile, at bring-up, the kernels a batch's first burst will need.
+"""Warm shapes: compile, at bring-up, the kernels a batch's first burst will need, and
+measure what `--max-batch auto` and the prefill chunks are sized by.
 
 On a GPU, MLX builds kernels the first time it meets an operation's shapes, and a batch
-meets new ones as members join in prefill groups and decode together. A worker that has
-served only its canary (a hot spare, or any new worker) would pay that in its first burst,
-which after a fault is every resumed stream at once: seconds of silence that every client
-sees. So before it says `Ready`, a worker on a GPU runs a bounded batch like the one a
-recovery replays: `width` short prompts of a few lengths, joining together and decoding a
-few steps. It is counted in the load time (`bring_up_s`). On a CPU there is nothing to
-compile, and the warm-up is skipped.
+meets new ones as members join in prefill groups, decode together and prefill long prompts
+in chunks. A worker that has served only its canary (a hot spare, or any new worker) would
+pay that in its first burst, which after a fault is every resumed stream at once: seconds
+of silence that every client sees. So before it says `Ready`, a worker on a GPU runs a
+bounded batch: members join, a few at a time, until the batch is at each width a batch may
+take (powers of two), decoding a few timed steps at each (width.py finds the knee in those
+speeds); then long prompts prefill together in chunks, which times the prefill speed the
+chunks are sized by (chunks.py). It is counted in the load time (`bring_up_s`). On a CPU
+there is nothing to compile and no knee to find: the warm-up is skipped.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 
 import mlx.core as mx
 
 from steward.wire.protocol import Generate
 from steward.worker.engine import Engine
 
-PROMPT = "Warm the kernels for the shapes of a batch."
-STEPS = 3  # tokens each member decodes
+PROMPT = "Warm the kernels for the shapes of a batch."  # about ten tokens
 LENGTHS = 4  # distinct prompt lengths: prefill groups of unequal prompts pad differently
+TIMED = 12  # steps timed at each width, after two untimed
+LONG = 3  # long prompts prefilled together
+LONG_REPEATS = 800  # of the prompt: about 8,000 tokens each, several chunks
 
 _ids = itertools.count(-(2**40), -1)  # never a client's id, nor the canary's
 
 
-def run(engine: Engine, width: int) -> None:
-    if mx.default_device().type != mx.DeviceType.gpu:
-        return
-    for i in range(width):
-        prompt = PROMPT * (1 + i % LENGTHS)
-        engine.add(
-            Generate(
-                id=next(_ids), seq=0, attempt=1, max_tokens=STEPS, prompt=prompt, ignore_eos=True
-            )
-        )
+def on_gpu() -> bool:
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+def run(engine: Engine, widths: list[int]) -> dict[int, float]:
+    """Tokens/s at each width (empty on a CPU, where nothing is warmed)."""
+    if not on_gpu():
+        return {}
+    speeds: dict[int, float] = {}
+    try:
+        for width in widths:
+            _grow(engine, width)
+            speeds[width] = _speed(engine, width)
+        engine.drop_all()
+        _long_prompts(engine)
+    finally:
+        engine.drop_all()  # nothing of the warm-up stays (its prompts in the prompt cache)
+    return speeds
+
+
+def _member(prompt: str, tokens: int) -> Generate:
+    return Generate(
+        id=next(_ids), seq=0, attempt=1, max_tokens=tokens, prompt=prompt, ignore_eos=True
+    )
+
+
+def _grow(engine: Engine, width: int) -> None:
+    """Members join until `width` of them decode (each outlives the warm-up)."""
+    lives = engine.backend.context_length // 2
+    for i in range(len(engine.members), width):
+        engine.add(_member(PROMPT * (1 + i % LENGTHS), lives))
+    while len(engine.generator._generation_batch) < width and engine.busy:
+        engine.step()
+
+
+def _speed(engine: Engine, width: int) -> float:
+    for _ in range(2):
+        engine.step()
+    started = time.perf_counter()
+    for _ in range(TIMED):
+        engine.step()
+    return width * TIMED / (time.perf_counter() - started)
+
+
+def _long_prompts(engine: Engine) -> None:
+    """Long prompts prefilled together, chunk after chunk: the chunks' kernels built and
+    the prefill speed measured (engine.chunks keeps it)."""
+    limit = engine.backend.context_length // 2
+    repeats = max(1, min(LONG_REPEATS, limit // 12))
+    for i in range(LONG):
+        engine.add(_member(f"{i} " + PROMPT * (repeats - i), 2))
     while engine.busy:
         engine.step()
-    engine.drop_all()  # nothing of the warm-up stays (its prompts in the prompt cache)

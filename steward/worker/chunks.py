@@ -1,0 +1,62 @@
+"""Prefill chunks sized by measured speed, not a fixed count of tokens.
+
+Each engine step decodes one token for every member and prefills one chunk of the prompts
+that are joining; the members decoding wait for that chunk. A fixed 512-token chunk is
+both too small and too large: on a GPU each chunk pays a whole step's host cost, so long
+prompts take 8-10 times what the device needs (three 13k-token prompts on an H200); on a
+slow machine one chunk of a big model stalls every stream for seconds. So the chunk is
+sized from the prefill speed the generator measures (mlx-lm counts the tokens and the
+time of every chunk): as many tokens per prompt as the joining prompts together prefill in
+`BUDGET` seconds, a power of two (few shapes: each new one is compiled once, warmup.py)
+between `LOW` and `HIGH`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BUDGET = 0.1  # seconds a chunk may take: the stall a decoding member sees, less its step
+LOW = 512  # mlx-lm's chunk before: below it, per-chunk costs dominate
+HIGH = 4096  # a deep context's chunk costs more than the speed measured early in it
+SMOOTHING = 0.5  # weight of the newest measurement
+
+
+def power_of_two(tokens: float) -> int:
+    """The largest power of two at most `tokens`, within [LOW, HIGH]."""
+    size = LOW
+    while size * 2 <= min(tokens, HIGH):
+        size *= 2
+    return size
+
+
+class Chunks:
+    """The chunk size for the next prefill, from the speed of the ones before."""
+
+    def __init__(self) -> None:
+        self.size = LOW
+        self.rate = 0.0  # prompt tokens per second, smoothed
+        self._seen = (0, 0.0)  # the generator's counters when last read
+
+    def measured(self, generator: Any) -> None:
+        """After a step: fold in the chunk it prefilled, if any, and size the next one for
+        the prompts still prefilling."""
+        counters = generator._counters
+        tokens, spent = counters.prompt_tokens, counters.prompt_time
+        new_tokens, new_time = tokens - self._seen[0], spent - self._seen[1]
+        self._seen = (tokens, spent)
+        if new_tokens < LOW // 2 or new_time <= 0:  # a prompt's tail: too small to time
+            return
+        rate = new_tokens / new_time
+        self.rate = rate if not self.rate else SMOOTHING * rate + (1 - SMOOTHING) * self.rate
+
+    def resize(self, generator: Any) -> None:
+        """Before a step: the chunk for the prompts that will prefill in it."""
+        prompts = max(1, len(generator._prompt_batch) + len(generator._unprocessed_sequences))
+        self.size = power_of_two(self.rate * BUDGET / prompts) if self.rate else LOW
+        generator.prefill_step_size = self.size
+        generator._prompt_batch.prefill_step_size = self.size
+
+    def reset(self, generator: Any) -> None:
+        """A new generator (after a fault) starts with what was measured."""
+        self._seen = (0, 0.0)
+        self.resize(generator)

@@ -1,0 +1,49 @@
+"""The batch's decode step without what nobody asked for.
+
+mlx-lm's `GenerationBatch._step` normalizes every row's logits and splits them into one
+array per member, every step, so that any member may read its log-probabilities. On a GPU
+the step is bound by the host (building and launching the graph), and each of those
+per-member arrays is one more operation to launch: at 64 members, 64 slices and their
+outputs. When no member wants log-probabilities, no row has a logits processor and the
+whole batch shares one sampler (sampling.py makes greedy and unseeded requests share),
+`Lean` samples straight from the logits: argmax for greedy (the same token as from the
+normalized row), the normalized rows for a sampler that truncates by probability. Anything
+else is mlx-lm's own step, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+from mlx_lm.sample_utils import greedy_sampler
+
+
+class Lean(GenerationBatch):
+    rows_wanted = False  # a member wants its log-probabilities (the engine says, each step)
+
+    def _step(self) -> tuple[list[int], list[Any]]:
+        first = self.samplers[0] if self.samplers else None
+        if (
+            self.rows_wanted
+            or any(self.logits_processors)
+            or any(s is not first for s in self.samplers)
+        ):
+            return super()._step()
+        draw = first or self.fallback_sampler
+        self._current_tokens = inputs = self._next_tokens
+        self._current_logprobs = self._next_logprobs  # rows of mlx-lm's step, or None
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        if draw is greedy_sampler:
+            sampled = mx.argmax(logits, axis=-1)
+        else:
+            sampled = draw(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        self._next_tokens = sampled
+        self._next_logprobs = [None] * len(self.uids)
+        mx.async_eval(sampled)
+        mx.eval(inputs, self._current_logprobs)
+        tokens = inputs.tolist()
+        for held, token in zip(self.tokens, tokens, strict=True):
+            held.append(token)
+        return tokens, self._current_logprobs

@@ -1,0 +1,65 @@
+"""How many requests decode together under `--max-batch auto`: as many as their KV fits in
+memory, no more than where the aggregate speed stops growing.
+
+On a GPU a decode step is bound by the host (building and launching the graph), not the
+device: on an H200 a 1B model's step takes about the same time at 32 members and at 64, so
+a batch twice as wide is twice the tokens for nothing. That stops where the device becomes
+the bound: the knee, measured at bring-up (warmup.py times a few steps at each width) as
+the widest batch whose tokens per second still grew by `GAIN` over half its width. Memory
+bounds it too: each member may hold a context of `CONTEXT` tokens (or the model's, if
+shorter), at the KV bytes per token the model's config gives. On a CPU each member costs
+its whole share of the step, there is no knee worth a warm-up, and the width is `CPU`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+CONTEXT = 32_768  # tokens of context a member is sized for: an agent's long conversation
+CEILING = 256  # the widest batch measured
+CPU = 32
+GAIN = 0.05  # growth in tokens/s that a doubling must bring to be worth it
+HEADROOM = 0.9  # of the device's memory, for the model, its KV and the runtime
+
+
+def kv_bytes_per_token(model: Any, itemsize: int) -> int:
+    """Keys and values of one token in every layer, from the model's config (mlx-lm's
+    `args`); a layer with a sliding window is counted whole (the bound stays safe)."""
+    args = model.args
+    heads = args.num_attention_heads
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
+    return 2 * len(model.layers) * kv_heads * head_dim * itemsize
+
+
+def fits(model: Any, itemsize: int, context: int, free: int) -> int:
+    """Members whose whole contexts fit in `free` bytes (at least 1)."""
+    per_member = kv_bytes_per_token(model, itemsize) * min(context, CONTEXT)
+    return max(1, free // per_member)
+
+
+def free_bytes(device: int, used: int, prompt_cache: int) -> int:
+    """What the members' KV may take: the device's memory less headroom, the loaded model
+    and the prompt cache's bound."""
+    return max(0, int(device * HEADROOM) - used - prompt_cache)
+
+
+def knee(speeds: dict[int, float]) -> int:
+    """The widest measured width whose tokens/s grew by `GAIN` over the one before."""
+    widths = sorted(speeds)
+    best = widths[0]
+    for narrow, wide in itertools.pairwise(widths):
+        if speeds[wide] < (1 + GAIN) * speeds[narrow]:
+            break
+        best = wide
+    return best
+
+
+def widths(limit: int) -> list[int]:
+    """The widths a warm-up measures: powers of two from 8 up to `limit`."""
+    found, width = [], 8
+    while width <= min(limit, CEILING):
+        found.append(width)
+        width *= 2
+    return found or [max(1, limit)]
