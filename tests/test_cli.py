@@ -61,6 +61,12 @@ def test_taken_port_exits_78() -> None:
     assert "cannot listen" in done.stderr
 
 
+def test_max_batch_is_auto_or_a_width() -> None:
+    done = steward("serve", "--max-batch", "0", "--port", str(free_port()))
+    assert done.returncode == 2
+    assert "auto or at least 1" in done.stderr
+
+
 def test_bad_fault_spec_exits_78() -> None:
     done = steward("serve", "--inject-fault", "decode:explode", "--port", str(free_port()))
     assert done.returncode == 78
@@ -68,8 +74,10 @@ def test_bad_fault_spec_exits_78() -> None:
 
 
 def test_flags_read_the_environment(serve, tiny_model: Path) -> None:
-    server = serve(env={"STEWARD_MODEL": str(tiny_model), "STEWARD_API_KEY": "sekrit"})
+    env = {"STEWARD_MODEL": str(tiny_model), "STEWARD_API_KEY": "sekrit", "STEWARD_MAX_BATCH": "3"}
+    server = serve(env=env)
     server.wait()  # --port from the fixture, the rest from the environment
+    assert server.health().json()["batch"]["limit"] == 3
     assert server.http.get("/v1/models").status_code == 401
     ok = server.http.get("/v1/models", headers={"authorization": "Bearer sekrit"})
     assert ok.status_code == 200
@@ -82,6 +90,7 @@ def test_api_key_file(serve, tiny_model: Path, tmp_path: Path) -> None:
     keyfile.write_text("from-a-file\n")
     server = serve("--model", str(tiny_model), "--api-key-file", str(keyfile))
     server.wait()
+    assert server.health().json()["batch"]["limit"] == 32  # --max-batch auto, on a CPU
     assert "from-a-file" not in " ".join(server.proc.args)  # never in argv, never in `ps`
     assert server.http.get("/v1/models").status_code == 401
     ok = server.http.get("/v1/models", headers={"authorization": "Bearer from-a-file"})

@@ -1,0 +1,131 @@
+"""The lean decode step gives mlx-lm's tokens; prefill chunks and `--max-batch auto` are
+sized by what was measured.
+
+Real MLX on the tiny model for the step; the sizing rules are pure arithmetic over what the
+generator counts and what the warm-up times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+
+from steward.wire.protocol import Generate
+from steward.worker import chunks, width
+from steward.worker.chunks import Chunks
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model: Path):
+    from steward.worker.backend import Backend
+    from steward.worker.injection import Injector
+
+    return Backend(tiny_model, Injector([], 1))
+
+
+def answers(backend, reqs: list[Generate], lean: bool) -> dict[int, tuple[list[int], list]]:
+    """Each request's tokens and log-probabilities, decoded in one batch."""
+    from mlx_lm.generate import GenerationBatch
+
+    from steward.worker.engine import Engine
+
+    engine = Engine(backend, 8, 0)
+    if not lean:
+        engine.generator._generation_batch.__class__ = GenerationBatch
+    seen: dict[int, tuple[list[int], list]] = {req.id: ([], []) for req in reqs}
+    for req in reqs:
+        engine.add(req)
+    while engine.busy:
+        for token in engine.step().tokens:
+            if token.token >= 0:
+                seen[token.id][0].append(token.token)
+                seen[token.id][1].append(token.logprob)
+    return seen
+
+
+def asks(**extra: object) -> list[Generate]:
+    prompts = ["Once upon a time", "The weather today", "In the beginning", "Numbers: 1, 2"]
+    return [
+        Generate(id=i + 1, seq=i + 1, attempt=1, max_tokens=12, prompt=p, **extra)
+        for i, p in enumerate(prompts)
+    ]
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{}, {"temperature": 0.8}, {"temperature": 0.8, "top_p": 0.5, "seed": 3}],
+    ids=["greedy", "shared-sampler", "seeded"],
+)
+def test_the_lean_step_gives_mlx_lms_tokens(backend, sampling: dict) -> None:
+    import mlx.core as mx
+
+    mx.random.seed(11)
+    lean = answers(backend, asks(**sampling), lean=True)
+    mx.random.seed(11)
+    stock = answers(backend, asks(**sampling), lean=False)
+    assert {i: t for i, (t, _) in lean.items()} == {i: t for i, (t, _) in stock.items()}
+    assert all(len(tokens) == 12 for tokens, _ in lean.values())
+
+
+def test_a_member_asking_for_logprobs_gets_them_beside_lean_ones(backend) -> None:
+    reqs = asks()
+    reqs[2] = msgspec.structs.replace(reqs[2], logprobs=2)
+    seen = answers(backend, reqs, lean=True)
+    stock = answers(backend, reqs, lean=False)
+    tokens, logprobs = seen[3]
+    assert tokens == stock[3][0]
+    assert all(lp is not None for lp in logprobs) and len(logprobs) == 12
+    assert [lp.logprob for lp in logprobs] == pytest.approx([lp.logprob for lp in stock[3][1]])
+    assert all(lp is None for lp in seen[1][1])  # nobody asked for these
+
+
+class Prefilling(list):
+    """mlx-lm's prompt batch as the chunks see it: its length and its chunk."""
+
+    prefill_step_size = 0
+
+
+def generator(prompts: int) -> SimpleNamespace:
+    """What the chunks read of mlx-lm's generator: its counters and who waits to prefill."""
+    return SimpleNamespace(
+        _counters=SimpleNamespace(prompt_tokens=0, prompt_time=0.0),
+        _prompt_batch=Prefilling(),
+        _unprocessed_sequences=[None] * prompts,
+        prefill_step_size=0,
+    )
+
+
+def test_chunks_take_what_the_prompts_prefill_in_the_budget() -> None:
+    sized = Chunks()
+    gen = generator(prompts=3)
+    sized.resize(gen)
+    assert gen.prefill_step_size == chunks.LOW  # nothing measured yet
+    gen._counters.prompt_tokens, gen._counters.prompt_time = 3 * 512, 0.0128  # 120k tok/s
+    sized.measured(gen)
+    sized.resize(gen)
+    # 120k tok/s x 0.1 s over three prompts: 4,000 tokens each, to a power of two
+    assert sized.size == gen.prefill_step_size == gen._prompt_batch.prefill_step_size == 2048
+    gen._unprocessed_sequences = [None]
+    sized.resize(gen)
+    assert sized.size == chunks.HIGH  # one prompt alone takes the largest chunk
+    gen._counters.prompt_tokens += 100  # a prompt's short tail is not timed
+    gen._counters.prompt_time += 1.0
+    sized.measured(gen)
+    assert sized.rate == pytest.approx(120_000)
+
+
+def test_auto_width_is_the_knee_within_memory(backend) -> None:
+    assert width.knee({8: 1000, 16: 2000, 32: 3900, 64: 4000, 128: 4100}) == 32
+    assert width.knee({8: 1000, 16: 900}) == 8
+    assert width.widths(100) == [8, 16, 32, 64]
+    assert width.widths(3) == [3]
+    per_token = width.kv_bytes_per_token(backend.model, 4)
+    args = backend.model.args
+    assert per_token == 2 * args.num_hidden_layers * args.num_key_value_heads * 4 * (
+        args.hidden_size // args.num_attention_heads
+    )
+    assert width.fits(backend.model, 4, 2048, free=per_token * 2048 * 5) == 5
+    assert width.fits(backend.model, 4, 2048, free=0) == 1
+    assert width.free_bytes(100, 50, 30) == 10
