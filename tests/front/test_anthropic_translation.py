@@ -576,7 +576,7 @@ def test_images_reach_a_vision_model_in_place() -> None:
     assert (
         refused.status_code == 400 and "does not take images" in refused.json()["error"]["message"]
     )
-    supervisor.vision = True
+    http.app.state.pool.slots[0].vision = True  # the model as the front sees it
     assert http.post("/v1/messages", json=body).status_code == 200
     request = sent(supervisor)
     assert request.messages == [
