@@ -68,6 +68,7 @@ class Pool:
         self.started_at = time.time()
         self.stopping = False
         self._state = State.STARTING
+        self._device = 0  # the device's bytes, as the first worker said
         self._up = False  # the models loaded at start have come up
         self._starters: list[Slot] = []
         self._unloads: set[asyncio.Task[None]] = set()  # evicted supervisors stopping
@@ -155,11 +156,12 @@ class Pool:
 
     def memory_budget(self) -> int:
         """`--memory-budget`, else the device's memory with headroom (the machine's until a
-        worker has said what the device has)."""
+        worker has said what the device has; then the device's, even with none resident)."""
         if self.budget is not None:
             return self.budget
-        device = max((s.supervisor.snapshot().device_bytes for s in self._resident()), default=0)
-        return budget.default_budget(device)
+        seen = (s.supervisor.snapshot().device_bytes for s in self._resident())
+        self._device = max(self._device, *seen, 0)
+        return budget.default_budget(self._device)
 
     # -- loading and unloading ----------------------------------------------------------
 
@@ -214,12 +216,13 @@ class Pool:
             self._changed("", f"unloaded {slot.name}")
 
     async def _tend(self) -> None:
-        """Unload models nobody used for their `idle_ttl`; a busy model counts as used."""
+        """Unload models nobody used for their `idle_ttl`; a busy model counts as used, and
+        so does one still loading (its idle time starts when it serves)."""
         while True:
             await asyncio.sleep(TICK)
             now = time.monotonic()
             for slot in self._resident():
-                if slot.busy():
+                if slot.busy() or not (slot.supervisor and slot.supervisor.status().serving):
                     slot.last_used = now
                 ttl = slot.entry.idle_ttl
                 if ttl is not None and now - slot.last_used >= ttl and slot.evictable():

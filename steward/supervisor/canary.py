@@ -63,10 +63,13 @@ async def embed(
 
 def same(answer: Sequence[float], golden: Sequence[float]) -> bool:
     """A canary's answer is the golden one: token ids equal, a vector's values within
-    TOLERANCE (ids that differ differ by a whole token)."""
-    return len(answer) == len(golden) and all(
-        abs(a - b) <= TOLERANCE for a, b in zip(answer, golden, strict=True)
-    )
+    TOLERANCE of the vector's scale (an unnormalized vector's values may be large)."""
+    if len(answer) != len(golden):
+        return False
+    if not any(isinstance(value, float) for value in golden):
+        return list(answer) == list(golden)
+    allowed = TOLERANCE * max(1.0, *(abs(value) for value in golden))
+    return all(abs(a - b) <= allowed for a, b in zip(answer, golden, strict=True))
 
 
 async def _answer(

@@ -6,9 +6,10 @@ the step is bound by the host (building and launching the graph), and each of th
 per-member arrays is one more operation to launch: at 64 members, 64 slices and their
 outputs. When no member wants log-probabilities, no row has a logits processor and the
 whole batch shares one sampler (sampling.py makes greedy and unseeded requests share),
-`Lean` samples straight from the logits: argmax for greedy (the same token as from the
-normalized row), the normalized rows for a sampler that truncates by probability. Anything
-else is mlx-lm's own step, unchanged.
+`Lean` draws from the normalized rows as they are, one array for the batch (normalized
+first, as mlx-lm does: in bf16 the subtraction rounds near-equal logits into ties, so an
+argmax of the raw logits would not give mlx-lm's greedy token). Anything else is mlx-lm's
+own step, unchanged.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
-from mlx_lm.sample_utils import greedy_sampler
 
 
 class Lean(GenerationBatch):
@@ -35,10 +35,7 @@ class Lean(GenerationBatch):
         self._current_tokens = inputs = self._next_tokens
         self._current_logprobs = self._next_logprobs  # rows of mlx-lm's step, or None
         logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
-        if draw is greedy_sampler:
-            sampled = mx.argmax(logits, axis=-1)
-        else:
-            sampled = draw(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        sampled = sample(draw, logits)
         self._next_tokens = sampled
         self._next_logprobs = [None] * len(self.uids)
         mx.async_eval(sampled)
@@ -47,3 +44,8 @@ class Lean(GenerationBatch):
         for held, token in zip(self.tokens, tokens, strict=True):
             held.append(token)
         return tokens, self._current_logprobs
+
+
+def sample(draw: Any, logits: mx.array) -> mx.array:
+    """The batch's tokens, drawn from its normalized rows (mlx-lm's order of operations)."""
+    return draw(logits - mx.logsumexp(logits, axis=-1, keepdims=True))

@@ -86,7 +86,7 @@ class DiskCache:
         self.lock = threading.Lock()  # the index: looked up here, changed by the writer too
         self.queue: queue.Queue[Save] = queue.Queue(QUEUED)
         self.epoch = 0
-        self.writes = self.errors = self.reported = 0  # `reported`: errors already told
+        self.errors = self.reported = 0  # `reported`: errors already told
         with self.lock:
             self._refresh()
             self._evict(0)
@@ -95,7 +95,31 @@ class DiskCache:
     def fetch(self, tokens: list[int], above: int) -> tuple[list[Any], int] | None:
         """The KV of the longest prefix of `tokens` on disk holding more than `above` of
         them (a fresh copy), and how many it holds; None if there is none. Corrupt entries
-        met on the way are removed."""
+        met on the way are removed. Whatever goes wrong (the directory deleted, a
+        filesystem gone read-only, memory) is a miss, never the request's fault: the
+        canary never reads this tier, so a fault here would keep failing requests on a
+        worker it keeps."""
+        if len(tokens) < MIN_TOKENS:  # nothing on disk is worth loading for it
+            return None
+        try:
+            return self._fetch(tokens, above)
+        except Exception as exc:
+            self._missed("read", exc)
+            return None
+
+    def save(self, tokens: list[int], cache: list[Any] | None) -> None:
+        """Queue the KV `cache` holds of `tokens` for the writer, never waiting for it (and
+        never failing the request whose KV it is, as `fetch`)."""
+        try:
+            self._save(tokens, cache)
+        except Exception as exc:
+            self._missed("save", exc)
+
+    def _missed(self, what: str, exc: Exception) -> None:
+        self._failed()
+        log.warning("prompt cache: %s failed: %s: %s", what, type(exc).__name__, exc)
+
+    def _fetch(self, tokens: list[int], above: int) -> tuple[list[Any], int] | None:
         with self.lock:
             self._refresh()
             found = self.index.lookup(tokens, above)
@@ -118,14 +142,15 @@ class DiskCache:
             return cache, n
         return None
 
-    def save(self, tokens: list[int], cache: list[Any] | None) -> None:
-        """Queue the KV `cache` holds of `tokens` for the writer, never waiting for it."""
+    def _save(self, tokens: list[int], cache: list[Any] | None) -> None:
         held = min(len(tokens), _held(cache))
         if held < MIN_TOKENS or self.queue.full():
             return
+        assert cache is not None
+        if sum(c.nbytes for c in cache) > self.max_bytes:  # could never be kept: not copied
+            return
         if self.index.name(tokens[:held]) in self.index.files:  # on disk already
             return
-        assert cache is not None
         arrays = _host_copy(cache, held)
         if arrays is not None:
             self.queue.put_nowait(Save(self.epoch, tokens[:held], arrays))
@@ -180,7 +205,6 @@ class DiskCache:
             for old in index.superseded(save.tokens):
                 index.remove(old)
             self._evict(0)
-            self.writes += 1
 
     def _refresh(self) -> None:
         """The index, up to date with the directory (the lock held)."""

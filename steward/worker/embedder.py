@@ -26,7 +26,13 @@ import numpy as np
 from steward.model.kind import ENCODERS, model_type
 from steward.model.resolve import ModelError
 from steward.wire.protocol import Embed, Rejected
-from steward.worker.backend import context_length, max_token_chars
+from steward.worker.backend import (
+    PREPARE_ERRORS,
+    context_length,
+    max_token_chars,
+    unpreparable,
+    vocab_size,
+)
 from steward.worker.injection import Injector
 
 MODES = {  # sentence-transformers' pooling flags, and the ones served
@@ -115,16 +121,21 @@ class Embedder:
         self.matryoshka = Matryoshka.read(config, self.dimensions)
         self.context_length = context_length(model_dir)
         self.max_token_chars = max_token_chars(self.tokenizer)
-        self.vocab_size = int(config.get("vocab_size") or len(self.tokenizer.get_vocab()))
+        rows = getattr(getattr(self.network, "embed_tokens", None), "weight", None)
+        self.vocab_size = rows.shape[0] if rows is not None else vocab_size(model, self.tokenizer)
         self.max_tokens = max_tokens  # a request's inputs, in all
 
     def prepare(self, req: Embed) -> list[list[int]] | Rejected:
         """Each input's token ids; a request that cannot be served gets its 400 here."""
         if why := self.matryoshka.refusal(req.dimensions):
             return Rejected(req.id, "validation_error", why)
-        inputs = [
-            item if isinstance(item, list) else self.tokenizer.encode(item) for item in req.inputs
-        ]
+        try:
+            inputs = [
+                item if isinstance(item, list) else self.tokenizer.encode(item)
+                for item in req.inputs
+            ]
+        except PREPARE_ERRORS as exc:
+            return unpreparable(req, exc)
         for i, ids in enumerate(inputs):
             if not ids:
                 return Rejected(req.id, "validation_error", f"input[{i}]: no tokens")
@@ -135,7 +146,7 @@ class Embedder:
                     f"input[{i}]: {len(ids)} tokens, more than this model's maximum context "
                     f"length of {self.context_length}",
                 )
-            if bad := [t for t in ids if t >= self.vocab_size]:
+            if bad := [t for t in ids if not 0 <= t < self.vocab_size]:
                 return Rejected(
                     req.id,
                     "validation_error",

@@ -187,8 +187,8 @@ class Engine:
     def widen(self, width: int) -> None:
         """Decode up to `width` members together from the next step (`--max-batch auto`)."""
         self.max_batch = width
-        self.generator.completion_batch_size = max(width, self.generator.prefill_batch_size)
         self.generator.prefill_batch_size = min(PREFILL_BATCH, width)
+        self.generator.completion_batch_size = width
 
     def cancel(self, req_id: int) -> None:
         if self.solo is not None and self.solo[0].req.id == req_id:

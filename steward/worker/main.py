@@ -19,7 +19,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from steward.model.resolve import ModelError, ModelSource, is_vision
 from steward.wire.channel import BlockingChannel
@@ -131,22 +131,10 @@ def _engine(backend: Backend, settings: WorkerSettings) -> Engine:
     _, device, working_set = _memory()
     used = mx.get_active_memory()
     free = width.free_bytes(working_set or device, used, settings.prompt_cache_bytes)
-    fit = width.fits(backend.model, _kv_itemsize(backend.model), backend.context_length, free)
+    fit = width.fits(width.kv_bytes_per_token(backend.model), backend.context_length, free)
     speeds = warmup.run(engine, width.widths(fit))
     engine.widen(min(fit, width.knee(speeds) if speeds else width.CPU))
     return engine
-
-
-def _kv_itemsize(model: Any) -> int:
-    """Bytes of a KV element: the model's activations' type, its first floating parameter's
-    (a quantized model's scales)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    for _, value in tree_flatten(model.parameters()):
-        if mx.issubdtype(value.dtype, mx.floating):
-            return value.dtype.size
-    return 2
 
 
 def _embedding_engine(settings: WorkerSettings, injector: Injector) -> EmbeddingEngine:

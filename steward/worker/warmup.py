@@ -9,8 +9,10 @@ of silence that every client sees. So before it says `Ready`, a worker on a GPU 
 bounded batch: members join, a few at a time, until the batch is at each width a batch may
 take (powers of two), decoding a few timed steps at each (width.py finds the knee in those
 speeds); then long prompts prefill together in chunks, which times the prefill speed the
-chunks are sized by (chunks.py). It is counted in the load time (`bring_up_s`). On a CPU
-there is nothing to compile and no knee to find: the warm-up is skipped.
+chunks are sized by (chunks.py). It is bounded by `BUDGET` seconds (half of it for the
+widths: a big model on a small GPU measures fewer) and counted in the load time
+(`bring_up_s`). On a CPU there is nothing to compile and no knee to find: the warm-up is
+skipped.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ LENGTHS = 4  # distinct prompt lengths: prefill groups of unequal prompts pad di
 TIMED = 12  # steps timed at each width, after two untimed
 LONG = 3  # long prompts prefilled together
 LONG_REPEATS = 800  # of the prompt: about 8,000 tokens each, several chunks
+BUDGET = 30.0  # seconds the warm-up may take: a big model on a small GPU stops early
 
 _ids = itertools.count(-(2**40), -1)  # never a client's id, nor the canary's
 
@@ -41,12 +44,15 @@ def run(engine: Engine, widths: list[int]) -> dict[int, float]:
     if not on_gpu():
         return {}
     speeds: dict[int, float] = {}
+    started = time.perf_counter()
     try:
         for width in widths:
             _grow(engine, width)
             speeds[width] = _speed(engine, width)
+            if time.perf_counter() - started > BUDGET / 2:
+                break  # the widths measured so far are the ones auto picks from
         engine.drop_all()
-        _long_prompts(engine)
+        _long_prompts(engine, started + BUDGET)
     finally:
         engine.drop_all()  # nothing of the warm-up stays (its prompts in the prompt cache)
     return speeds
@@ -76,12 +82,12 @@ def _speed(engine: Engine, width: int) -> float:
     return width * TIMED / (time.perf_counter() - started)
 
 
-def _long_prompts(engine: Engine) -> None:
-    """Long prompts prefilled together, chunk after chunk: the chunks' kernels built and
-    the prefill speed measured (engine.chunks keeps it)."""
+def _long_prompts(engine: Engine, deadline: float) -> None:
+    """Long prompts prefilled together, chunk after chunk, until done or `deadline`: the
+    chunks' kernels built and the prefill speed measured (engine.chunks keeps it)."""
     limit = engine.backend.context_length // 2
     repeats = max(1, min(LONG_REPEATS, limit // 12))
     for i in range(LONG):
         engine.add(_member(f"{i} " + PROMPT * (repeats - i), 2))
-    while engine.busy:
+    while engine.busy and time.perf_counter() < deadline:
         engine.step()

@@ -7,7 +7,7 @@ a batch twice as wide is twice the tokens for nothing. That stops where the devi
 the bound: the knee, measured at bring-up (warmup.py times a few steps at each width) as
 the widest batch whose tokens per second still grew by `GAIN` over half its width. Memory
 bounds it too: each member may hold a context of `CONTEXT` tokens (or the model's, if
-shorter), at the KV bytes per token the model's config gives. On a CPU each member costs
+shorter), at the KV bytes per token measured on the model. On a CPU each member costs
 its whole share of the step, there is no knee worth a warm-up, and the width is `CPU`.
 """
 
@@ -16,27 +16,31 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
 CONTEXT = 32_768  # tokens of context a member is sized for: an agent's long conversation
 CEILING = 256  # the widest batch measured
 CPU = 32
 GAIN = 0.05  # growth in tokens/s that a doubling must bring to be worth it
 HEADROOM = 0.9  # of the device's memory, for the model, its KV and the runtime
+STEP = 256  # positions mlx-lm's KV cache allocates at once
 
 
-def kv_bytes_per_token(model: Any, itemsize: int) -> int:
-    """Keys and values of one token in every layer, from the model's config (mlx-lm's
-    `args`); a layer with a sliding window is counted whole (the bound stays safe)."""
-    args = model.args
-    heads = args.num_attention_heads
-    kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
-    return 2 * len(model.layers) * kv_heads * head_dim * itemsize
+def kv_bytes_per_token(model: Any) -> int:
+    """Measured, not read from the config (whose names vary by family, and nest for some):
+    one token through a fresh cache, which allocates `STEP` positions at once. A layer
+    with a sliding window or a fixed state is counted as if it grew (the bound stays
+    safe)."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return max(1, sum(c.nbytes for c in cache) // STEP)
 
 
-def fits(model: Any, itemsize: int, context: int, free: int) -> int:
+def fits(per_token: int, context: int, free: int) -> int:
     """Members whose whole contexts fit in `free` bytes (at least 1)."""
-    per_member = kv_bytes_per_token(model, itemsize) * min(context, CONTEXT)
-    return max(1, free // per_member)
+    return max(1, free // (per_token * min(context, CONTEXT)))
 
 
 def free_bytes(device: int, used: int, prompt_cache: int) -> int:

@@ -17,12 +17,25 @@ from steward.worker import chunks, width
 from steward.worker.chunks import Chunks
 
 
-@pytest.fixture(scope="module")
-def backend(tiny_model: Path):
+def load(model: Path):
     from steward.worker.backend import Backend
     from steward.worker.injection import Injector
 
-    return Backend(tiny_model, Injector([], 1))
+    return Backend(model, Injector([], 1))
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model: Path):
+    return load(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path):
+    """The tiny model in bfloat16, as real models run: near-equal logits round into ties."""
+    from tests.tinymodel import build_tiny_model
+
+    out = tmp_path_factory.mktemp("bf16") / "tiny"
+    return load(build_tiny_model(out, default_model_dir, dtype="bfloat16"))
 
 
 def answers(backend, reqs: list[Generate], lean: bool) -> dict[int, tuple[list[int], list]]:
@@ -58,15 +71,32 @@ def asks(**extra: object) -> list[Generate]:
     [{}, {"temperature": 0.8}, {"temperature": 0.8, "top_p": 0.5, "seed": 3}],
     ids=["greedy", "shared-sampler", "seeded"],
 )
-def test_the_lean_step_gives_mlx_lms_tokens(backend, sampling: dict) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_lean_step_gives_mlx_lms_tokens(request, sampling: dict, dtype: str) -> None:
     import mlx.core as mx
 
+    backend = request.getfixturevalue("backend" if dtype == "float32" else "bf16")
     mx.random.seed(11)
     lean = answers(backend, asks(**sampling), lean=True)
     mx.random.seed(11)
     stock = answers(backend, asks(**sampling), lean=False)
     assert {i: t for i, (t, _) in lean.items()} == {i: t for i, (t, _) in stock.items()}
     assert all(len(tokens) == 12 for tokens, _ in lean.values())
+
+
+def test_the_lean_draw_is_mlx_lms_greedy_token_in_bfloat16() -> None:
+    """Near-equal logits round into ties once normalized in bf16: an argmax of the raw
+    logits picks another token for about one row in ten (random rows, sigma 0.5)."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import greedy_sampler
+
+    from steward.worker.decode import sample
+
+    mx.random.seed(5)
+    logits = (0.5 * mx.random.normal((2048, 512))).astype(mx.bfloat16)
+    stock = greedy_sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    assert mx.array_equal(sample(greedy_sampler, logits), stock).item()
+    assert not mx.array_equal(mx.argmax(logits, axis=-1), stock).item()  # the trap is real
 
 
 def test_a_member_asking_for_logprobs_gets_them_beside_lean_ones(backend) -> None:
@@ -121,11 +151,11 @@ def test_auto_width_is_the_knee_within_memory(backend) -> None:
     assert width.knee({8: 1000, 16: 900}) == 8
     assert width.widths(100) == [8, 16, 32, 64]
     assert width.widths(3) == [3]
-    per_token = width.kv_bytes_per_token(backend.model, 4)
+    per_token = width.kv_bytes_per_token(backend.model)  # measured: float32 keys and values
     args = backend.model.args
     assert per_token == 2 * args.num_hidden_layers * args.num_key_value_heads * 4 * (
         args.hidden_size // args.num_attention_heads
     )
-    assert width.fits(backend.model, 4, 2048, free=per_token * 2048 * 5) == 5
-    assert width.fits(backend.model, 4, 2048, free=0) == 1
+    assert width.fits(per_token, 2048, free=per_token * 2048 * 5) == 5
+    assert width.fits(per_token, 2048, free=0) == 1
     assert width.free_bytes(100, 50, 30) == 10

@@ -208,3 +208,16 @@ def test_the_directory_is_made_private(tmp_path: Path) -> None:
         os.chown(shared, 1, 1)
         with pytest.raises(ValueError, match="owned by uid 1"):
             kvstore.prepare_dir(str(shared))
+
+
+def test_a_directory_gone_is_a_miss_never_a_fault(tmp_path: Path) -> None:
+    """The canary never reads this tier: an error here must not fail requests on a worker
+    that the canary would keep."""
+    disk = DiskCache(tmp_path / "kv", BIG, MODEL)
+    saved(disk, TOKENS, kv(len(TOKENS)))
+    for path in (tmp_path / "kv").iterdir():
+        path.unlink()
+    (tmp_path / "kv").rmdir()
+    assert disk.fetch(TOKENS + [1], 0) is None
+    disk.save(list(range(2000, 2700)), kv(700))  # queued or refused, never raised
+    assert disk.errors >= 1

@@ -129,6 +129,9 @@ def _starter(
     except (msgspec.EncodeError, OverflowError, UnicodeEncodeError) as exc:
         raise ApiError("validation_error", f"The request cannot be encoded: {exc}") from None
     digest = hashlib.sha256(model.encode() + b"\0" + wire).hexdigest()
-    supervisor = backend.supervisor(request)
     request_id = request.state.request_id
-    return lambda: supervisor.submit(payload, prompt_chars, request_id, digest, stream)
+    # The supervisor is looked up when the job is submitted: a fallback submitted later
+    # goes to the model's supervisor then, not to one evicted meanwhile.
+    return lambda: backend.supervisor(request).submit(
+        payload, prompt_chars, request_id, digest, stream
+    )
