@@ -51,7 +51,13 @@ NOT_SERVING = {
     }
 }
 router.add_api_route("/health", _health, methods=["GET"], responses=NOT_SERVING)
-router.add_api_route("/health/ready", _ready, methods=["GET"], responses=NOT_SERVING)
+UNKNOWN = {
+    404: {
+        "description": "`model` names no configured model (model_not_found)",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
+router.add_api_route("/health/ready", _ready, methods=["GET"], responses=NOT_SERVING | UNKNOWN)
 
 
 @router.get("/health/live")

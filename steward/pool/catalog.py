@@ -206,10 +206,12 @@ def _resolved(entry: ModelEntry, where: Callable[[ModelEntry, str], str]) -> Mod
 
 
 def _check_names(entries: list[ModelEntry], where: Callable[[ModelEntry, str], str]) -> None:
-    """No name or alias twice: a request's `model` must name one model."""
+    """No name or alias of two models: a request's `model` must name one model (a model
+    may be named twice itself: `--served-model-name` repeating its directory's name)."""
     seen: dict[str, str] = {}
     for entry in entries:
-        for name in [*listed_names(entry), *(a for a in entry.aliases if is_pattern(a))]:
+        names = [*listed_names(entry), *(a for a in entry.aliases if is_pattern(a))]
+        for name in dict.fromkeys(names):
             if name in seen:
                 owner = seen[name]
                 also = "" if owner == entry.name else f" (already {owner!r}'s)"

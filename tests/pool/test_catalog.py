@@ -66,6 +66,8 @@ def test_model_flags_name_models_or_keep_todays_bare_path(tiny_model: Path) -> N
     assert (a.name, b.name, b.source.model_id) == ("a", "b", "b")
     with pytest.raises(CatalogError, match="'a' is given twice"):
         load([f"a={tiny_model}", f"a={tiny_model}"], None, [])
+    (same,) = load([str(tiny_model)], None, [tiny_model.name])  # named as its directory is
+    assert same.name == tiny_model.name
     assert from_flags([], [])[0].path is None  # the embedded default
 
 
