@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.conftest import ROOT, Server, free_port
+from tests.tinyembed import build_tiny_embedder
 
 POISON = "X-POISON"
 
@@ -37,21 +38,37 @@ def models(server: Server) -> dict:
     return server.health().json()["models"]
 
 
-def test_two_models_side_by_side_and_a_fault_in_one_spares_the_other(serve, tiny_model) -> None:
+def embed(server: Server, model: str) -> tuple[int, int]:
+    """The status and the vector's length of one embedding."""
+    answer = server.http.post("/v1/embeddings", json={"model": model, "input": "Hello there"})
+    return answer.status_code, len(answer.json()["data"][0]["embedding"])
+
+
+def test_two_models_side_by_side_and_a_fault_in_one_spares_the_other(
+    serve, tiny_model, tmp_path: Path, default_model_dir: Path
+) -> None:
+    embedder = build_tiny_embedder(tmp_path / "embed", default_model_dir)
     server = serve(
         *("--model", f"a={tiny_model}", "--model", f"b={tiny_model}", "--standby", "none"),
+        *("--model", f"e={embedder}"),
         *("--inject-fault", f"decode:poison:marker={POISON},model=a"),
     )
     server.wait()
     assert ask(server, "nope") == (404, "model_not_found")  # and nothing loads
     assert models(server)["b"] | {"loads": 0, "state": "unloaded"} == models(server)["b"]
     listed = server.http.get("/v1/models").json()["data"]
-    assert [(m["id"], m["status"]) for m in listed] == [("a", "ready"), ("b", "unloaded")]
+    assert [(m["id"], m["status"], m["kind"]) for m in listed] == [
+        ("a", "ready", "chat"),
+        ("b", "unloaded", "chat"),
+        ("e", "unloaded", "embedding"),
+    ]
 
-    with ThreadPoolExecutor(8) as pool:  # b loads on demand meanwhile
+    with ThreadPoolExecutor(9) as pool:  # b and e load on demand meanwhile
         asked = [(m, s) for m in "abab" for s in (False, True)]
+        embedded = pool.submit(embed, server, "e")
         answers = list(pool.map(lambda c: ask(server, *c[:1], stream=c[1]), asked))
     assert answers == [(200, "[DONE]" if s else m) for m, s in asked]
+    assert embedded.result() == (200, 64)
     assert models(server)["b"]["loads"] == 1
     assert server.http.get("/health/ready", params={"model": "b"}).status_code == 200
 

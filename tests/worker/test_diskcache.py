@@ -218,6 +218,6 @@ def test_a_directory_gone_is_a_miss_never_a_fault(tmp_path: Path) -> None:
     for path in (tmp_path / "kv").iterdir():
         path.unlink()
     (tmp_path / "kv").rmdir()
-    assert disk.fetch(TOKENS + [1], 0) is None
+    assert disk.fetch([*TOKENS, 1], 0) is None
     disk.save(list(range(2000, 2700)), kv(700))  # queued or refused, never raised
     assert disk.errors >= 1
