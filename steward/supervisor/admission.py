@@ -166,6 +166,11 @@ def too_big(fault: Fault) -> ApiError:
     )
 
 
+def unusable(reason: str) -> ApiError:
+    """The model cannot be loaded at all (exit 78): no retry will help."""
+    return ApiError("backend_unavailable", f"The model cannot be served: {reason}.")
+
+
 def shutdown() -> ApiError:
     return ApiError("server_shutdown", "The server shut down before answering.", 1)
 

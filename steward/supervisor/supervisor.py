@@ -27,7 +27,7 @@ from steward.supervisor.admission import Admission
 from steward.supervisor.bringup import BringUp, Spawn
 from steward.supervisor.dispatch import Dispatcher
 from steward.supervisor.events import Observers
-from steward.supervisor.exits import EX_SOFTWARE, EX_TEMPFAIL, Exit
+from steward.supervisor.exits import EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, Exit
 from steward.supervisor.faults import Fault, FaultLog, Outcome
 from steward.supervisor.link import WorkerLink
 from steward.supervisor.quarantine import Quarantine
@@ -159,7 +159,12 @@ class Supervisor:
             log.critical("exiting %d: %s", exc.code, exc.reason)
             failed = exc.code == EX_TEMPFAIL
             for job in self.scheduler.drain():
-                job.push(self.queue_error() if failed else admission.shutdown())
+                if failed:
+                    job.push(self.queue_error())
+                elif exc.code == EX_CONFIG:  # the requests a load on demand held
+                    job.push(admission.unusable(exc.reason))
+                else:
+                    job.push(admission.shutdown())
             if not self.exit_code.done():
                 self.exit_code.set_result(exc.code)
         except Exception:

@@ -147,6 +147,29 @@ def test_a_failed_model_leaves_the_others_serving(serve, tiny_model) -> None:
     assert "every model has failed" in server.output()
 
 
+def test_a_model_that_cannot_load_says_so_and_the_others_serve(
+    serve, tiny_model, tmp_path: Path
+) -> None:
+    """A load on demand the worker refuses (its weights missing: exit 78 for one model)
+    answers the request that waited for it with why, not with a shutdown to retry."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in tiny_model.iterdir():
+        if f.suffix != ".safetensors":
+            (broken / f.name).write_bytes(f.read_bytes())
+    server = serve("--model", f"a={tiny_model}", "--model", f"b={broken}", "--standby", "none")
+    server.wait()
+    answer = server.http.post(
+        "/v1/chat/completions",
+        json={"model": "b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    )
+    error = answer.json()["error"]
+    assert (answer.status_code, error["type"]) == (503, "backend_unavailable"), error
+    assert "cannot be served" in error["message"] and "model unusable" in error["message"]
+    assert ask(server, "a") == (200, "a")
+    assert server.proc.poll() is None
+
+
 def test_a_bad_models_file_exits_78_naming_the_line(tmp_path: Path) -> None:
     bad = tmp_path / "models.toml"
     bad.write_text('[a]\npath = "/nowhere"\n\n[b]\npath = "/x"\nwarmth = 3\n')
