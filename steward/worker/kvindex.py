@@ -94,6 +94,10 @@ class Index:
         return removed
 
     def add(self, name: str, tokens: list[int], size: int, used: int) -> None:
+        """Index an entry written; one of the same name (another process's, same model)
+        is replaced, not counted twice."""
+        if name in self.files:
+            self._forget(name)
         lengths = sorted({*range(BLOCK, len(tokens) + 1, BLOCK), len(tokens)})
         keys = tuple(digests(tokens, lengths).items())
         self.files[name] = File(name, size, used, len(tokens), keys)

@@ -221,3 +221,12 @@ def test_a_directory_gone_is_a_miss_never_a_fault(tmp_path: Path) -> None:
     assert disk.fetch([*TOKENS, 1], 0) is None
     disk.save(list(range(2000, 2700)), kv(700))  # queued or refused, never raised
     assert disk.errors >= 1
+
+
+def test_an_entry_indexed_twice_is_counted_once(tmp_path: Path) -> None:
+    """Two workers of one model may write the same entry; the bound counts it once."""
+    disk = DiskCache(tmp_path, BIG, MODEL)
+    path = saved(disk, TOKENS, kv(len(TOKENS)))
+    size = disk.index.size
+    disk.index.add(path.name, TOKENS, path.stat().st_size, 1)  # as the other writer's rename
+    assert disk.index.size == size == path.stat().st_size
