@@ -14,13 +14,13 @@ import json
 import os
 import re
 import signal
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import Server, until
+from tests.tmpfs import tiny_tmpfs
 
 LONG = " ".join(
     f"Log entry {i}: the keeper trimmed the lamp and wound the clockwork." for i in range(170)
@@ -116,15 +116,7 @@ def test_a_restarted_steward_answers_a_long_prompt_from_disk(
 
 
 def test_a_full_filesystem_fails_no_request(serve, long_model: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "full"
-    folder.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(folder)],
-        capture_output=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"no tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with tiny_tmpfs(tmp_path / "full") as folder:
         server = serve(
             "--model", str(long_model), "--prompt-cache-dir", str(folder), "--standby", "none"
         )
@@ -136,5 +128,3 @@ def test_a_full_filesystem_fails_no_request(serve, long_model: Path, tmp_path: P
         assert errors is not None and float(errors[1]) >= 1
         assert list(folder.iterdir()) == []
         server.stop()
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)

@@ -10,7 +10,6 @@ import os
 import resource
 import signal
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from steward.worker import kvstore
 from steward.worker.diskcache import DiskCache, Save
 from steward.worker.kvindex import BLOCK
 from tests.conftest import until
+from tests.tmpfs import tiny_tmpfs
 
 MODEL = "a" * 32
 TOKENS = list(range(1000, 1700))  # 700 tokens: an entry
@@ -145,21 +145,6 @@ def _host(cache: list[KVCache]) -> list[kvstore.Array]:
     arrays = _host_copy(cache, len(TOKENS))
     assert arrays is not None
     return arrays
-
-
-@contextlib.contextmanager
-def tiny_tmpfs(folder: Path) -> Iterator[Path]:
-    folder.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(folder)],
-        capture_output=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"no tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
 
 
 def test_a_full_filesystem_drops_the_entry(tmp_path: Path, caplog) -> None:
