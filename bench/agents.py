@@ -27,15 +27,10 @@ import httpx
 
 from bench.client import pooled, stream_chat
 from bench.overhead import start_server
+from bench.step_phases import long_text
 from bench.throughput import start_peer
 
 QUESTION = "Which file should change first? Answer in one line."
-
-
-def system_prompt(tokenizer: Any, tokens: int, salt: int) -> str:
-    """About `tokens` tokens of a system prompt, new for every `salt`."""
-    words = [f"w{(salt * 7919 + i * 104729) % 100_003}" for i in range(tokens)]
-    return tokenizer.decode(tokenizer.encode(" ".join(words))[:tokens])
 
 
 def chat(system: str, question: str = QUESTION, history: list[dict] | None = None) -> list:
@@ -68,7 +63,7 @@ async def server_run(url: str, model: str, tokenizer: Any, args: argparse.Namesp
     results: dict[str, Any] = {}
     async with pooled(url, args.long + args.decoding + 2) as client:
         await ttft(client, model, chat("warm"))  # the server's first request, unmeasured
-        system = system_prompt(tokenizer, args.long_tokens, salt=10_000)
+        system = long_text(tokenizer, args.long_tokens, salt=10_000)
         results["alone"], answer = await ttft(client, model, chat(system))
         history = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": answer}]
         results["next"], _ = await ttft(client, model, chat(system, "And then?", history))
@@ -80,8 +75,7 @@ async def server_run(url: str, model: str, tokenizer: Any, args: argparse.Namesp
             await asyncio.sleep(1.0)  # they decode before the round arrives
             gaps.clear()
             systems = [
-                system_prompt(tokenizer, args.long_tokens, r * args.long + j)
-                for j in range(args.long)
+                long_text(tokenizer, args.long_tokens, r * args.long + j) for j in range(args.long)
             ]
             started = time.perf_counter()
             long = [ttft(client, model, chat(s)) for s in systems]
@@ -109,7 +103,7 @@ def bare_rounds(model: Any, tokenizer: Any, args: argparse.Namespace) -> list[fl
     for r in range(args.rounds):
         started = time.perf_counter()
         for j in range(args.long):
-            system = system_prompt(tokenizer, args.long_tokens, r * args.long + j)
+            system = long_text(tokenizer, args.long_tokens, r * args.long + j)
             prompt = tokenizer.apply_chat_template(chat(system), add_generation_prompt=True)
             next(iter(stream_generate(model, tokenizer, prompt, max_tokens=1)))
         seconds.append(time.perf_counter() - started)
