@@ -69,14 +69,18 @@ async def server_run(url: str, model: str, tokenizer: Any, args: argparse.Namesp
         results["next"], _ = await ttft(client, model, chat(system, "And then?", history))
         rounds = []
         for r in range(args.rounds):
-            stop, gaps = asyncio.Event(), []
-            beside = [asyncio.create_task(decoding(client, model, stop, gaps))]
-            beside += [asyncio.create_task(decoding(client, model, stop, gaps))]
-            await asyncio.sleep(1.0)  # they decode before the round arrives
-            gaps.clear()
+            # Made before the streams start: tokenizing them would stall this client's
+            # loop, and with it the gaps it measures.
             systems = [
                 long_text(tokenizer, args.long_tokens, r * args.long + j) for j in range(args.long)
             ]
+            stop, gaps = asyncio.Event(), []
+            beside = [
+                asyncio.create_task(decoding(client, model, stop, gaps))
+                for _ in range(args.decoding)
+            ]
+            await asyncio.sleep(1.0)  # they decode before the round arrives
+            gaps.clear()
             started = time.perf_counter()
             long = [ttft(client, model, chat(s)) for s in systems]
             short = ttft(client, model, chat("You are terse.", "Say hi."))

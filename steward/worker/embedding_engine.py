@@ -21,6 +21,7 @@ import numpy as np
 
 from steward.wire.protocol import Admitted, Done, Embed, Rejected, Step, Vectors, prompt_text
 from steward.worker.embedder import Embedder
+from steward.worker.prepared import Prepared, prepared
 
 FORWARD_TOKENS = 8192  # padded tokens in one forward (an input longer than that runs alone)
 
@@ -54,8 +55,13 @@ class EmbeddingEngine:
     def busy(self) -> bool:
         return bool(self.pending or self.finished)
 
-    def add(self, req: Embed) -> Admitted | Rejected:
-        inputs = self.embedder.prepare(req)
+    def prepare(self, req: Embed) -> Prepared:
+        """Its inputs' tokens, or its 400 (on the reader's thread: prepared.py)."""
+        return prepared(req, self.embedder.prepare)
+
+    def add(self, req: Embed | Prepared) -> Admitted | Rejected:
+        ready = req if isinstance(req, Prepared) else self.prepare(req)
+        req, inputs = ready.req, ready.value()
         if isinstance(inputs, Rejected):
             return inputs
         marked = prompt_text(req) if self.embedder.injector.specs else ""

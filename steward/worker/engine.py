@@ -9,8 +9,8 @@ of the whole batch: `drop_all()` forgets every member, whose KV state is now sus
 the supervisor decides what each request gets.
 
 Each member keeps its own sampler (sampling.py), stop strings, `max_tokens`, usage and
-timings. Finished members leave their KV cache to an LRU prompt cache (mlx-lm's), bounded
-in bytes, so a request that shares a prefix with an earlier one (a multi-turn chat, a
+timings. Finished members leave their KV cache to an LRU prompt cache (prompt_cache.py),
+bounded in bytes, so a request that shares a prefix with an earlier one (a multi-turn chat, a
 common system prompt) prefills only what is new. With `--prompt-cache-dir`, long prefixes
 also go to a disk tier that outlives the worker (diskcache.py), so a stream resumed after a
 crash loads its context instead of computing it again.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from steward.wire.protocol import (
     Admitted,
@@ -43,6 +43,8 @@ from steward.worker.decode import Lean
 from steward.worker.grammar import RESIDENT, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
+from steward.worker.prepared import Prepared, prepared
+from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
 from steward.worker.solo import Solo
 
@@ -50,8 +52,7 @@ if TYPE_CHECKING:
     from steward.worker.diskcache import DiskCache
 
 PREFILL_BATCH = 8  # prompts prefilled together
-CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps the trie small
-MODEL_KEY = "model"  # one model per worker
+CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps lookups short
 
 
 class Out(NamedTuple):
@@ -101,7 +102,7 @@ class Engine:
     ) -> None:
         self.backend = backend
         self.max_batch = max_batch
-        self.cache = LRUPromptCache(CACHE_ENTRIES, cache_bytes) if cache_bytes > 0 else None
+        self.cache = PromptCache(CACHE_ENTRIES, cache_bytes) if cache_bytes > 0 else None
         self.disk = disk  # the prompt cache's tier that outlives the worker (diskcache.py)
         self.members: dict[int, Member] = {}  # by the generator's uid
         self.uids: dict[int, int] = {}  # request id -> uid
@@ -128,13 +129,18 @@ class Engine:
     def busy(self) -> bool:
         return bool(self.members or self.finished or self.solo or self.waiting)
 
-    def add(self, req: Generate) -> Admitted | Rejected:
+    def prepare(self, req: Generate) -> Prepared:
+        """Its prompt's tokens (on the reader's thread: prepared.py)."""
+        return prepared(req, self.backend.encode)
+
+    def add(self, req: Generate | Prepared) -> Admitted | Rejected:
         """Join the batch (and how many tokens it prefills: its prompt and resumed answer,
         less what the prompt cache holds), or the request's own 400 (it cannot be prepared
         or fit)."""
-        backend = self.backend
+        ready = req if isinstance(req, Prepared) else self.prepare(req)
+        req, backend = ready.req, self.backend
         try:
-            prompt = backend.encode(req)
+            prompt = ready.value()
         except PREPARE_ERRORS as exc:
             return unpreparable(req, exc)
         if not prompt:
@@ -250,7 +256,7 @@ class Engine:
             self.generator.close()
         self.generator = self._generator()
         if self.cache is not None:  # KV computed around a fault is not to be trusted
-            self.cache = LRUPromptCache(CACHE_ENTRIES, self.cache.max_bytes)
+            self.cache = PromptCache(CACHE_ENTRIES, self.cache.max_bytes)
         if self.disk is not None:  # nor what is not on disk yet (diskcache.py)
             self.disk.fault()
         return ids
@@ -435,7 +441,7 @@ class Engine:
     def _in_memory(self, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:
         if self.cache is None:
             return None, tokens
-        cache, rest = self.cache.fetch_nearest_cache(MODEL_KEY, tokens)
+        cache, rest = self.cache.fetch(tokens)
         if cache is not None and not rest:  # all cached: recompute the last token's logits
             if not can_trim_prompt_cache(cache):
                 return None, tokens
@@ -449,7 +455,7 @@ class Engine:
 
     def _remember(self, tokens: list[int] | None, cache: list[Any] | None, req: Generate) -> None:
         if self.cache is not None and tokens and cache:
-            self.cache.insert_cache(MODEL_KEY, list(tokens), cache)
+            self.cache.insert(list(tokens), cache)
         self._save(tokens, cache, req)
 
     def _save(self, tokens: list[int] | None, cache: list[Any] | None, req: Generate) -> None:

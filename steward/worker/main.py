@@ -3,7 +3,9 @@
 Threads: the main thread runs the backend (MLX wants one thread): between two batch steps
 it takes every message that arrived (requests join, cancelled ones leave); a reader thread
 takes messages off the socket so they land mid-generation and a dead front is noticed at
-once (EOF); a heartbeat thread shows the front that the process and its GIL are alive.
+once (EOF), and hands requests to a few encoder threads (inbox.py), so that tokenizing a
+long prompt does not hold the batch; a heartbeat thread shows the front that the process
+and its GIL are alive.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import resource
 import socket
 import threading
@@ -37,14 +38,15 @@ from steward.wire.protocol import (
     Ready,
     Shutdown,
     Step,
-    ToWorker,
     Warm,
     decode_to_worker,
     encode,
 )
 from steward.wire.settings import WorkerSettings
 from steward.worker import lifeline
+from steward.worker.inbox import Inbox
 from steward.worker.injection import Injector
+from steward.worker.prepared import Prepared
 
 if TYPE_CHECKING:
     from steward.worker.backend import Backend
@@ -104,7 +106,7 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
             dimensions=backend.dimensions if settings.kind == "embedding" else 0,
         )
     )
-    inbox: queue.SimpleQueue[ToWorker | None] = queue.SimpleQueue()
+    inbox = Inbox(None if engine is None else engine.prepare)  # encoded off the loop
     cancelled = Cancels() if vision else None  # the batch takes cancels between its steps
     threading.Thread(
         target=_read, args=(channel, inbox, cancelled), daemon=True, name="reader"
@@ -150,9 +152,7 @@ def _embedding_engine(settings: WorkerSettings, injector: Injector) -> Embedding
 
 
 def _serve_batched(
-    engine: Engine | EmbeddingEngine,
-    inbox: queue.SimpleQueue[ToWorker | None],
-    send: Callable[[FromWorker], None],
+    engine: Engine | EmbeddingEngine, inbox: Inbox, send: Callable[[FromWorker], None]
 ) -> None:
     """Between steps, let every waiting request join and every cancelled one leave; a
     fault while joining or stepping fails the whole batch. The requests a pass takes in are
@@ -160,7 +160,7 @@ def _serve_batched(
     how long the silence that follows may honestly last."""
     while True:
         admitted: list[Admitted] = []
-        for msg in _take(inbox, wait=not engine.busy):
+        for msg in inbox.take(wait=not engine.busy):
             if msg is None or isinstance(msg, Shutdown):
                 return
             if isinstance(msg, Cancel):
@@ -170,7 +170,7 @@ def _serve_batched(
                     send(_failed(engine.drop_all(), exc))
                     admitted.clear()  # each of them is in the failure
                 continue
-            if not isinstance(msg, Generate | Embed):
+            if not isinstance(msg, Prepared | Generate | Embed):
                 continue
             try:
                 taken = engine.add(msg)
@@ -196,7 +196,7 @@ def _serve_batched(
 
 def _serve_alone(
     backend: VisionBackend,
-    inbox: queue.SimpleQueue[ToWorker | None],
+    inbox: Inbox,
     cancelled: Cancels,
     send: Callable[[FromWorker], None],
 ) -> None:
@@ -237,16 +237,6 @@ class Cancels:
 
     def __contains__(self, req_id: int) -> bool:
         return self.held.get(req_id, 0) > 0
-
-
-def _take(inbox: queue.SimpleQueue[ToWorker | None], wait: bool) -> list[ToWorker | None]:
-    """Every message waiting now; with `wait`, block for the first."""
-    taken = [inbox.get()] if wait else []
-    while True:
-        try:
-            taken.append(inbox.get_nowait())
-        except queue.Empty:
-            return taken
 
 
 def _failed(ids: list[int], exc: Exception) -> Failed:
@@ -315,11 +305,7 @@ def _file_limit_kept() -> Iterator[None]:
         resource.setrlimit = setrlimit
 
 
-def _read(
-    channel: BlockingChannel,
-    inbox: queue.SimpleQueue[ToWorker | None],
-    cancelled: Cancels | None,
-) -> None:
+def _read(channel: BlockingChannel, inbox: Inbox, cancelled: Cancels | None) -> None:
     while True:
         try:
             msg = decode_to_worker(channel.recv())
@@ -327,7 +313,10 @@ def _read(
             os._exit(0)  # the front is gone: nobody is left to serve
         if isinstance(msg, Cancel) and cancelled is not None:
             cancelled.received(msg.id)  # what a backend busy with one request looks at
-        inbox.put(None if isinstance(msg, Shutdown) else msg)
+        if isinstance(msg, Shutdown):
+            inbox.put(None)
+        else:
+            inbox.put(msg, request=isinstance(msg, Generate | Embed))
 
 
 def _beat(send: Callable[[FromWorker], None]) -> None:

@@ -8,11 +8,11 @@ pay that in its first burst, which after a fault is every resumed stream at once
 of silence that every client sees. So before it says `Ready`, a worker on a GPU runs a
 bounded batch: members join, a few at a time, until the batch is at each width a batch may
 take (powers of two), decoding a few timed steps at each (width.py finds the knee in those
-speeds); then long prompts prefill together in chunks, which times the prefill speed the
-chunks are sized by (chunks.py). It is bounded by `BUDGET` seconds (half of it for the
-widths: a big model on a small GPU measures fewer) and counted in the load time
-(`bring_up_s`). On a CPU there is nothing to compile and no knee to find: the warm-up is
-skipped.
+speeds); then long prompts prefill together in chunks beside members decoding and leave
+one by one, which times the prefill speed the chunks are sized by (chunks.py). It is
+bounded by `BUDGET` seconds (half of it for the widths: a big model on a small GPU measures
+fewer) and counted in the load time (`bring_up_s`). On a CPU there is nothing to compile
+and no knee to find: the warm-up is skipped.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ PROMPT = "Warm the kernels for the shapes of a batch."  # about ten tokens
 LENGTHS = 4  # distinct prompt lengths: prefill groups of unequal prompts pad differently
 TIMED = 12  # steps timed at each width, after two untimed
 LONG = 3  # long prompts prefilled together
+DECODING = 2  # members decoding beside them
 LONG_REPEATS = 800  # of the prompt: about 8,000 tokens each, several chunks
 BUDGET = 30.0  # seconds the warm-up may take: a big model on a small GPU stops early
 
@@ -83,11 +84,16 @@ def _speed(engine: Engine, width: int) -> float:
 
 
 def _long_prompts(engine: Engine, deadline: float) -> None:
-    """Long prompts prefilled together, chunk after chunk, until done or `deadline`: the
-    chunks' kernels built and the prefill speed measured (engine.chunks keeps it)."""
+    """Long prompts prefilled together beside members decoding, each leaving at its own
+    step, until they are done or `deadline`: the kernels of chunks, of prompts joining a
+    batch that decodes and of a member leaving one are built (a first leaving compiled for
+    3 s on an H200, every stream silent), and the prefill speed is measured (engine.chunks
+    keeps it)."""
     limit = engine.backend.context_length // 2
     repeats = max(1, min(LONG_REPEATS, limit // 12))
-    for i in range(LONG):
-        engine.add(_member(f"{i} " + PROMPT * (repeats - i), 2))
-    while engine.busy and time.perf_counter() < deadline:
+    _grow(engine, DECODING)
+    longs = [_member(f"{i} " + PROMPT * (repeats - i), 2 + i) for i in range(LONG)]
+    for member in longs:
+        engine.add(member)
+    while any(m.id in engine.uids for m in longs) and time.perf_counter() < deadline:
         engine.step()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import queue
 from pathlib import Path
 from typing import Any
 
@@ -191,10 +190,11 @@ def test_a_cancel_taken_from_the_inbox_is_spent(backend: VisionBackend) -> None:
     """After a fault the supervisor cancels the request at the worker, then replays it with
     the same id: the replay runs to its end, unless a second cancel (the client's, for the
     replay) came, even before the first was taken: then it never reaches the model."""
+    from steward.worker.inbox import Inbox
     from steward.worker.main import Cancels, _serve_alone
 
     def replay(cancels: int) -> Done:
-        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        inbox = Inbox()
         cancelled = Cancels()
         for _ in range(cancels):  # the reader has them all already
             cancelled.received(14)

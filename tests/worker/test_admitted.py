@@ -4,13 +4,13 @@ prefill's progress chunk by chunk, so the front can tell a long prefill from a h
 
 from __future__ import annotations
 
-import queue
 from pathlib import Path
 
 import pytest
 
 from steward.wire.faultspec import parse
 from steward.wire.protocol import Admitted, Done, Failed, FromWorker, Generate, Step
+from steward.worker.inbox import Inbox
 from steward.worker.injection import Injector
 from steward.worker.main import _serve_batched
 
@@ -26,7 +26,7 @@ def engine(tiny_model: Path):
 def serve(engine, reqs: list[Generate]) -> list[FromWorker]:
     """What the batch loop sends for `reqs`, all waiting in its inbox when it starts; it is
     told to stop once each has ended."""
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    inbox = Inbox()
     for req in reqs:
         inbox.put(req)
     sent: list[FromWorker] = []
