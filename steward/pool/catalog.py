@@ -118,8 +118,6 @@ def _table_entry(path: str, text: str, name: str, table: Any) -> ModelEntry:
         kind = KEYS[key]
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise wrong(f"[{name}] {key}: {value!r} is not {_kind_name(kind)}", key)
-    if "path" not in table:
-        raise wrong(f"[{name}] has no path")
     aliases = table.get("aliases", [])
     if not all(isinstance(a, str) and a for a in aliases):
         raise wrong(f"[{name}] aliases: a list of names", "aliases")
@@ -138,7 +136,7 @@ def _table_entry(path: str, text: str, name: str, table: Any) -> ModelEntry:
     ttl = table.get("idle_ttl")
     return ModelEntry(
         name,
-        table["path"],
+        table.get("path"),  # none: the embedded default, as a bare `steward serve` serves
         tuple(aliases),
         table.get("kind"),
         table.get("pin", False),

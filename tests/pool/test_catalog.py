@@ -36,6 +36,9 @@ def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -
         "a",
     )
     assert (b.name, b.idle_ttl, b.overrides) == ("b", 30.0, {"max_batch": 4, "standby": "none"})
+    (default,) = load([], models_file(tmp_path, '[smollm2]\nkind = "embedding"\n'), [])
+    assert (default.path, default.kind) == (None, "embedding")  # no path: the default model
+    assert default.source.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.mark.parametrize(
@@ -47,7 +50,6 @@ def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -
         ('[a]\npath = "X"\n[b]\npath = "X"\naliases = ["a"]\n', 5, "'a' is given twice"),
         ('[a]\npath = "X"\naliases = ["s"]\n[b]\naliases = ["s"]\npath = "X"\n', 5, "twice"),
         ('[a]\npath = "X"\npath = "Y"\n', 3, "overwrite"),  # TOML's own error, with its line
-        ('[a]\npath = "X"\n[b]\nkind = "chat"\n', 3, "has no path"),
         ('[a]\npath = "X"\npin = true\nidle_ttl = 5\n', 4, "pin or idle_ttl"),
     ],
 )
