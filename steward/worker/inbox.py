@@ -46,21 +46,26 @@ class Inbox:
                 self._changed.wait_for(self._head_ready)
             taken = []
             while self._head_ready():
-                item = self._items.popleft()
-                taken.append(item.result() if isinstance(item, Future) else item)
+                taken.append(_opened(self._items.popleft()))
             return taken
 
     def get(self) -> Any:
         """The next message, waiting for it."""
         with self._changed:
             self._changed.wait_for(self._head_ready)
-            item = self._items.popleft()
-        return item.result() if isinstance(item, Future) else item
+            return _opened(self._items.popleft())
 
     def _head_ready(self) -> bool:
-        head = self._items[0] if self._items else None
-        return bool(self._items) and not (isinstance(head, Future) and not head.done())
+        if not self._items:
+            return False
+        head = self._items[0]
+        return not isinstance(head, Future) or head.done()
 
     def _ready(self, _: Future) -> None:
         with self._changed:
             self._changed.notify_all()
+
+
+def _opened(item: Any) -> Any:
+    """A message as the loop takes it: a request's encoding, or the message itself."""
+    return item.result() if isinstance(item, Future) else item

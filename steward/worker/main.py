@@ -170,7 +170,7 @@ def _serve_batched(
                     send(_failed(engine.drop_all(), exc))
                     admitted.clear()  # each of them is in the failure
                 continue
-            if not isinstance(msg, Prepared | Generate | Embed):
+            if not isinstance(msg, Prepared | Generate | Embed):  # raw: a test's inbox
                 continue
             try:
                 taken = engine.add(msg)

@@ -36,12 +36,11 @@ class Entry:
     tokens: np.ndarray
     layers: list[Any]
     nbytes: int
+    viewable: bool  # plain KV caches: any prefix can be lent as views (else whole, copied)
 
-    @property
-    def viewable(self) -> bool:
-        """Plain KV caches: a prefix of any length can be handed out as views. Others
-        (rotating, recurrent) serve only whole, as copies."""
-        return all(type(layer) is KVCache and layer.keys is not None for layer in self.layers)
+
+def viewable(layers: list[Any]) -> bool:
+    return all(type(layer) is KVCache and layer.keys is not None for layer in layers)
 
 
 def view(cache: KVCache, tokens: int) -> KVCache:
@@ -92,7 +91,12 @@ class PromptCache:
         served by views of it) and the least recently used beyond the bounds leave."""
         arrays = tree_flatten([layer.state for layer in layers])
         mx.async_eval([a for _, a in arrays if isinstance(a, mx.array)])
-        entry = Entry(np.asarray(tokens, dtype=np.int64), layers, sum(c.nbytes for c in layers))
+        entry = Entry(
+            np.asarray(tokens, dtype=np.int64),
+            layers,
+            sum(c.nbytes for c in layers),
+            viewable(layers),
+        )
         key = entry.tokens.tobytes()
         self._drop(key)
         if entry.viewable:
