@@ -119,6 +119,18 @@ class Server:
         return self.proc.returncode
 
 
+# The files that take minutes, started first so that neither test worker ends on one alone.
+SLOW_FIRST = ("tests/front/test_fuzz.py", "tests/front/test_structured_default.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0]
+        return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: every other test keeps its place
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """One model cache and one log folder for the whole run, never the user's."""

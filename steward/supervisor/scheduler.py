@@ -99,6 +99,7 @@ class Scheduler:
         self.group, self._starting = None, []
         for job in suspects:
             job.status = S.SUSPECT
+            job.queued_at = time.monotonic()  # waiting again: a whole queue timeout
         return suspects, regroup
 
     def probate(self, groups: list[list[Job]]) -> None:

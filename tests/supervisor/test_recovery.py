@@ -122,6 +122,22 @@ def test_concurrent_and_queued_requests_survive_a_crash(serve, tiny_model) -> No
     assert "SIGABRT" in health["faults"]["last"]["message"]
 
 
+def test_a_replay_waits_a_whole_queue_timeout_again(serve, tiny_model) -> None:
+    """A request that goes back to the queue at a fault gets a fresh --queue-timeout there:
+    struck 4 s after it came, it waits out a replacement that takes longer than the 4 s
+    left of its first queue timeout (a 503 before, seen in CI on a slow allocation
+    failure), and less than a whole one."""
+    faults = "prefill:slow=4:nth=1;prefill:crash:nth=1;load:slow=3:nth=2"
+    server = serve(
+        "--model", str(tiny_model), "--standby", "none", "--queue-timeout", "8",
+        "--inject-fault", faults,
+    )  # fmt: skip
+    server.wait()
+    reply = server.http.post("/v1/chat/completions", json=BODY, timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert server.health().json()["worker"]["generation"] == 2
+
+
 def test_hung_request_is_replayed_after_stall(serve, tiny_model) -> None:
     server = serve(
         "--model", str(tiny_model), "--inject-fault", "decode:hang:nth=2", "--stall-timeout", "3"

@@ -45,25 +45,20 @@ class Waiter:
     async def next(self) -> Token | Done:
         job = self.job
         while True:
-            now = time.monotonic()
-            if job.running or job.finished:
-                timeout = self.deadline - now
-            else:
-                timeout = min(job.queued_at + self.config.queue_timeout, self.deadline) - now
             try:
-                async with asyncio.timeout(max(timeout, 0)):
+                async with asyncio.timeout(max(self._until() - time.monotonic(), 0)):
                     event: Event = await job.events.get()
             except TimeoutError:
-                if not job.events.empty():
+                # the job may have moved on while this waited (started, or went back to a
+                # queue at a fault, which restarts its queue clock): only its deadline now
+                if not job.events.empty() or time.monotonic() < self._until():
                     continue
                 if time.monotonic() >= self.deadline:
                     raise ApiError(
                         "generation_timeout",
                         f"No answer within {self.config.request_timeout:.0f} s (request-timeout).",
                     ) from None
-                if not job.running:
-                    raise self.supervisor.queue_error() from None
-                continue
+                raise self.supervisor.queue_error() from None
             if isinstance(event, ApiError):
                 if self.fallback and event.type is ErrorType.CONTEXT_LENGTH_EXCEEDED:
                     self.job, self.fallback = self.fallback(), None
@@ -72,6 +67,13 @@ class Waiter:
                 raise event
             self.fallback = None
             return event
+
+    def _until(self) -> float:
+        """When waiting ends: the request's deadline once it runs, else its queue's."""
+        job = self.job
+        if job.running or job.finished:
+            return self.deadline
+        return min(job.queued_at + self.config.queue_timeout, self.deadline)
 
     def close(self) -> None:
         if not self.job.finished:
