@@ -27,6 +27,7 @@ class Scheduler:
         self.probation: deque[list[Job]] = deque()
         self.group: list[Job] | None = None  # the probation group running now
         self._starting: list[Job] = []  # its members not yet sent
+        self.suspects: list[Job] = []  # the last fault's: in no queue while it is handled
         self._shrunk = max_batch
         self._shrunk_until = 0.0
 
@@ -49,8 +50,10 @@ class Scheduler:
         return bool(self.probation) or self.group is not None
 
     def unfinished(self) -> list[Job]:
-        """Every job not ended: running, on probation, queued."""
-        jobs = [*self.running.values(), *(j for g in self.probation for j in g), *self.queue]
+        """Every job not ended: running, suspects of a fault being handled, on probation,
+        queued."""
+        groups = (j for g in self.probation for j in g)
+        jobs = [*self.running.values(), *self.suspects, *groups, *self.queue]
         return [j for j in dict.fromkeys(jobs) if not j.finished]
 
     def enqueue(self, job: Job) -> None:
@@ -99,7 +102,7 @@ class Scheduler:
         self.group, self._starting = None, []
         for job in suspects:
             job.status = S.SUSPECT
-            job.queued_at = time.monotonic()  # waiting again: a whole queue timeout
+        self.suspects = suspects
         return suspects, regroup
 
     def probate(self, groups: list[list[Job]]) -> None:
@@ -109,7 +112,6 @@ class Scheduler:
         for group in groups:
             for job in group:
                 job.status = S.SUSPECT
-                job.queued_at = time.monotonic()
             self.probation.append(group)
 
     def requeue(self, jobs: list[Job]) -> None:
@@ -126,6 +128,7 @@ class Scheduler:
         """Every unfinished job, taken out (the process is stopping or exiting)."""
         jobs = self.unfinished()
         self.running.clear()
+        self.suspects = []
         self.probation.clear()
         self.group, self._starting = None, []
         self.queue.drain()

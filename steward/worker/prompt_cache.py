@@ -88,15 +88,26 @@ class PromptCache:
 
     def insert(self, tokens: list[int], layers: list[Any]) -> None:
         """Keep `layers` as the KV of `tokens`; entries it makes redundant (its prefixes,
-        served by views of it) and the least recently used beyond the bounds leave."""
-        arrays = tree_flatten([layer.state for layer in layers])
-        mx.async_eval([a for _, a in arrays if isinstance(a, mx.array)])
+        served by views of it) and the least recently used beyond the bounds leave.
+
+        Nothing is kept that an entry already serves by views (a request that left before
+        it computed anything hands back the views it was lent, which hold their entry's
+        whole arrays while counting only their part), nor what alone is over the bound
+        (it would push every other entry out, and then itself)."""
         entry = Entry(
             np.asarray(tokens, dtype=np.int64),
             layers,
             sum(c.nbytes for c in layers),
             viewable(layers),
         )
+        if entry.nbytes > self.max_bytes:
+            return
+        for key, held in self.entries.items():
+            if held.viewable and shared(held.tokens, entry.tokens) == len(entry.tokens):
+                self.entries.move_to_end(key)
+                return
+        arrays = tree_flatten([layer.state for layer in layers])
+        mx.async_eval([a for _, a in arrays if isinstance(a, mx.array)])
         key = entry.tokens.tobytes()
         self._drop(key)
         if entry.viewable:

@@ -317,9 +317,10 @@ def test_a_text_stream_resumes_and_a_poison_one_ends_in_its_error_event(tiny_mod
 
 
 def test_a_503_while_the_worker_is_replaced_is_retried_by_the_sdk(tiny_model, serve) -> None:
-    """The first request crashes the worker, whose replacement loads slowly; a request
-    meanwhile waits out the queue timeout, gets a retryable 503, and the SDK retries it
-    on its own, after `Retry-After`, until the new worker answers it."""
+    """The first request crashes the worker, whose replacement loads slowly. Requests sent
+    meanwhile wait out the queue timeout and get a retryable 503: the SDK retries one on
+    its own, after `Retry-After`, until the new worker answers it. The request the fault
+    struck is owed its replay and waits for the new worker (no retry of its own)."""
     server = serve(
         "--model",
         str(tiny_model),
@@ -331,17 +332,21 @@ def test_a_503_while_the_worker_is_replaced_is_retried_by_the_sdk(tiny_model, se
         "decode:crash:nth=1;load:slow=3:nth=2",
     )
     server.wait()
-    first: dict[str, Any] = {}
+    outcome: dict[str, Any] = {}
 
-    def crash() -> None:
+    def ask(name: str, messages: list[dict[str, Any]]) -> None:
         try:
-            sdk(server, max_retries=0).messages.create(model="default", max_tokens=8, messages=ASK)
+            outcome[name] = sdk(server, max_retries=0).messages.create(
+                model="default", max_tokens=8, messages=messages, **GREEDY
+            )
         except anthropic.APIStatusError as error:
-            first["error"] = error
+            outcome[name] = error
 
-    crashing = threading.Thread(target=crash)
+    crashing = threading.Thread(target=ask, args=("struck", ASK))
     crashing.start()
     server.until(lambda health: health["status"] == "recovering")
+    impatient = threading.Thread(target=ask, args=("refused", WEATHER))
+    impatient.start()
     patient = sdk(server, max_retries=10)
     reply = patient.messages.with_raw_response.create(
         model="default", max_tokens=8, messages=WEATHER, **GREEDY
@@ -349,7 +354,9 @@ def test_a_503_while_the_worker_is_replaced_is_retried_by_the_sdk(tiny_model, se
     assert reply.retries_taken >= 1
     assert reply.parse().usage.output_tokens == 8
     crashing.join()
-    refused = first["error"]  # it waited out the queue too, with no retries
+    impatient.join()
+    assert outcome["struck"].usage.output_tokens == 8
+    refused = outcome["refused"]
     assert refused.status_code == 503
     assert refused.response.headers["x-should-retry"] == "true"
     assert int(refused.response.headers["retry-after"]) >= 1

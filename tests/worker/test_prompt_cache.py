@@ -101,3 +101,26 @@ def test_caches_that_cannot_be_viewed_serve_whole_as_copies() -> None:
     assert rest == [5]
     assert type(got[0]) is RotatingKVCache and got[0] is not rotating
     assert cache.fetch([1, 2, 9]) == (None, [1, 2, 9])  # only a view could cut it
+
+
+def test_views_handed_back_unchanged_are_not_kept_again() -> None:
+    """A request that left before it computed anything hands back the views it was lent:
+    kept, they would hold the entry's whole arrays while counting only their part."""
+    cache = PromptCache(8, 1 << 30)
+    entry = list(range(100))
+    cache.insert(entry, stored(entry))
+    cache.insert([7, 7], stored([7, 7]))
+    lent, _ = cache.fetch([*range(40), 5])
+    cache.insert(list(range(40)), lent)
+    assert [e.tokens.tolist()[:3] for e in cache.entries.values()] == [[7, 7], [0, 1, 2]]
+    assert cache.nbytes == sum(e.nbytes for e in cache.entries.values())
+
+
+def test_an_entry_over_the_bound_alone_leaves_the_others_in_place() -> None:
+    small = sum(c.nbytes for c in stored([1, 2]))  # a KV cache's first 256-token block
+    cache = PromptCache(8, 3 * small)
+    cache.insert([1, 2], stored([1, 2]))
+    cache.insert([3, 4], stored([3, 4]))
+    big = list(range(1000))  # four blocks
+    cache.insert(big, stored(big))
+    assert [e.tokens.tolist() for e in cache.entries.values()] == [[1, 2], [3, 4]]

@@ -49,8 +49,7 @@ class Waiter:
                 async with asyncio.timeout(max(self._until() - time.monotonic(), 0)):
                     event: Event = await job.events.get()
             except TimeoutError:
-                # the job may have moved on while this waited (started, or went back to a
-                # queue at a fault, which restarts its queue clock): only its deadline now
+                # the job may have started while this waited: only its deadline now
                 if not job.events.empty() or time.monotonic() < self._until():
                     continue
                 if time.monotonic() >= self.deadline:
@@ -69,9 +68,12 @@ class Waiter:
             return event
 
     def _until(self) -> float:
-        """When waiting ends: the request's deadline once it runs, else its queue's."""
+        """When waiting ends. `--queue-timeout` bounds the wait for a first turn; a job the
+        server has started is owed its answer, so a fault that sends it back to wait (for
+        a replacement worker, which on a GPU takes a load and a warm-up, or its probation
+        group) leaves it bounded by its request's deadline alone."""
         job = self.job
-        if job.running or job.finished:
+        if job.running or job.finished or job.attempts:
             return self.deadline
         return min(job.queued_at + self.config.queue_timeout, self.deadline)
 
