@@ -24,7 +24,7 @@ from typing import Any
 
 from steward.config import ServeConfig
 from steward.model.resolve import ModelError, ModelSource, resolve_model
-from steward.pool.names import is_pattern, listed_names
+from steward.pool.names import DEFAULT, is_pattern, listed_names
 from steward.wire.faultspec import FaultSpec
 
 NAME = re.compile(r"^[A-Za-z0-9][\w.:-]*$")
@@ -205,10 +205,17 @@ def _resolved(entry: ModelEntry, where: Callable[[ModelEntry, str], str]) -> Mod
 
 def _check_names(entries: list[ModelEntry], where: Callable[[ModelEntry, str], str]) -> None:
     """No name or alias of two models: a request's `model` must name one model (a model
-    may be named twice itself: `--served-model-name` repeating its directory's name)."""
+    may be named twice itself: `--served-model-name` repeating its directory's name), and
+    `default` names the first (names.py), so no other may take it."""
     seen: dict[str, str] = {}
-    for entry in entries:
+    for i, entry in enumerate(entries):
         names = [*listed_names(entry), *(a for a in entry.aliases if is_pattern(a))]
+        if i > 0 and DEFAULT in names:
+            key = "aliases" if entry.name != DEFAULT else "path"
+            raise CatalogError(
+                f"{where(entry, key)}: the name {DEFAULT!r} means the first model "
+                f"({entries[0].name!r}); name this one otherwise"
+            )
         for name in dict.fromkeys(names):
             if name in seen:
                 owner = seen[name]

@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar
 from steward.errors import ApiError
 
 GLOB = frozenset("*?[")
+DEFAULT = "default"  # what a request may name the first model by
 
 
 class Named(Protocol):
@@ -39,7 +40,7 @@ def listed_names(model: Named) -> list[str]:
 def find(name: str | None, models: Sequence[T]) -> T:
     """The model `name` names (the first for none or `default`); else the 404 that says
     which names are served."""
-    if name in (None, "", "default"):
+    if name in (None, "", DEFAULT):
         return models[0]
     for model in models:
         if name in listed_names(model):

@@ -177,7 +177,9 @@ class Pool:
             self._unload(victim, f"to make room for {slot.name}")
         assert slot.source is not None
         specs = [f for f in self.faults if f.model in (None, slot.name)]
-        supervisor = Supervisor(slot.config, slot.source, specs, bring_up_s=slot.load_s)
+        supervisor = Supervisor(
+            slot.config, slot.source, specs, bring_up_s=slot.load_s, quarantine=slot.quarantine
+        )
         supervisor.events.add(self._Watch(self, slot.name))
         for observer in self.observe(slot.name):
             supervisor.events.add(observer)
@@ -195,8 +197,8 @@ class Pool:
 
     async def _bring_up(self, supervisor: Supervisor) -> None:
         """Start the supervisor once the memory of every model unloading is free."""
-        while self._unloads:
-            await asyncio.wait(set(self._unloads))
+        while self._unloads or self._closing:  # a failed model's workers may still retire
+            await asyncio.wait(self._unloads | self._closing)
         if not self.stopping:
             supervisor.start()
 
@@ -209,8 +211,10 @@ class Pool:
     async def _stop(self, slot: Slot, supervisor: Supervisor) -> None:
         """A polite stop: nothing waits for an idle model; its workers are asked to exit."""
         try:
-            await supervisor.stop(0.0, asyncio.Event())
-            await supervisor.close()
+            try:
+                await supervisor.stop(0.0, asyncio.Event())
+            finally:
+                await supervisor.close()  # whatever stop raised: no worker stays behind
         finally:
             slot.unloading -= 1
             self._changed("", f"unloaded {slot.name}")

@@ -1,5 +1,7 @@
 """One configured model's place in the pool: its supervisor while resident, and what
-outlives it (loads, the measured need, the last bring-up's time, a failure).
+outlives it (loads, the measured need, the last bring-up's time, a failure, and the
+quarantine: an idle model may be evicted in its restart window, and a payload it refused
+must not get a fresh worker to crash after the reload).
 
 A slot has at most one supervisor at a time; an evicted supervisor is handed to the pool
 to stop (its memory is counted as freed at once: every load waits for such stops).
@@ -14,6 +16,7 @@ from steward.model.resolve import is_vision
 from steward.pool import budget
 from steward.pool.catalog import ModelEntry
 from steward.pool.snapshot import OF_SUPERVISOR, ModelSnapshot, ModelState
+from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.supervisor import Supervisor
 
 
@@ -38,6 +41,7 @@ class Slot:
         self.context_length: int | None = None
         self.failure: str | None = None
         self.hot = False  # its standby chose a hot spare
+        self.quarantine = Quarantine(self.config.restart_window)
 
     @property
     def copies(self) -> int:

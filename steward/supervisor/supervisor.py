@@ -49,6 +49,7 @@ class Supervisor:
         faults: list[FaultSpec],
         spawn: Spawn = WorkerLink.spawn,  # tests of the decisions pass a fake worker line
         bring_up_s: float | None = None,  # the model's last bring-up: Retry-After's guess
+        quarantine: Quarantine | None = None,  # the model's, kept across loads (pool/slot.py)
     ):
         self.config = config
         self.source = source
@@ -57,7 +58,7 @@ class Supervisor:
         self.events = Observers()
         self.faults = FaultLog(self.events)
         self.speeds = Speeds(config.stall_timeout)
-        self.quarantine = Quarantine(config.restart_window)
+        self.quarantine = Quarantine(config.restart_window) if quarantine is None else quarantine
         self.scheduler = Scheduler(config.max_batch, config.queue_size, config.restart_window)
         self.bringup = BringUp(
             config, source, faults, spawn, self.speeds, self.events, self.faults.settle
@@ -187,7 +188,8 @@ class Supervisor:
         until `cut` is set by a second signal), then stop the worker."""
         self._set_state(State.STOPPING, "draining")
         deadline = time.monotonic() + drain_timeout
-        while self.scheduler.unfinished() and time.monotonic() < deadline:
+        started = self._task is not None  # else nothing would ever run what it holds
+        while started and self.scheduler.unfinished() and time.monotonic() < deadline:
             if cut.is_set():
                 left = len(self.scheduler.unfinished())
                 log.warning("drain cut short: %d request(s) abandoned", left)
@@ -202,7 +204,13 @@ class Supervisor:
             await self.link.stop(timeout=5.0)
 
     async def close(self) -> None:
-        """Make sure no worker outlives the front's exit."""
+        """Make sure no worker outlives the front's exit, and no request is left without an
+        answer: after a drain there is none; when the process exits on another model's
+        failure, this model's are told it is exiting (a retryable 503)."""
+        if self.alive():  # a loop that ended stays `failed`
+            self._set_state(State.STOPPING, "closing")
+        for job in self.scheduler.drain():
+            job.push(admission.exiting(None, self.retry_after()))
         if self._task is not None:
             self._task.cancel()
         await self.bringup.close()

@@ -51,6 +51,8 @@ def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -
         ('[a]\npath = "X"\naliases = ["s"]\n[b]\naliases = ["s"]\npath = "X"\n', 5, "twice"),
         ('[a]\npath = "X"\npath = "Y"\n', 3, "overwrite"),  # TOML's own error, with its line
         ('[a]\npath = "X"\npin = true\nidle_ttl = 5\n', 4, "pin or idle_ttl"),
+        ('[a]\npath = "X"\n[default]\npath = "X"\n', 4, "'default' means the first model"),
+        ('[a]\npath = "X"\n[b]\npath = "X"\naliases = ["default"]\n', 5, "means the first"),
     ],
 )
 def test_a_bad_models_file_names_the_line(

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.conftest import ROOT, Server, free_port
+from tests.supervisor.test_recovery import faults_logged
 from tests.tinyembed import build_tiny_embedder
 
 POISON = "X-POISON"
@@ -145,6 +146,55 @@ def test_a_failed_model_leaves_the_others_serving(serve, tiny_model) -> None:
     assert ask(server, "b", POISON) == (503, "backend_unavailable")
     assert server.exit_code() == 75
     assert "every model has failed" in server.output()
+
+
+def test_an_exit_for_one_model_answers_the_other_models_streams(serve, tiny_model) -> None:
+    """A bug in one model's supervision loop exits the process (70); a stream of another
+    model in flight then is told so in an error event (retryable), not cut off."""
+    faults = "supervisor:crash:marker=BUG,model=a;decode:slow=0.3:marker=SLOW,model=b"
+    server = serve(
+        *("--model", f"a={tiny_model}", "--model", f"b={tiny_model}", "--standby", "none"),
+        *("--inject-fault", faults),
+    )
+    server.wait()
+    assert ask(server, "b") == (200, "b")
+    started, lines = threading.Event(), []
+    body = {"model": "b", "messages": [{"role": "user", "content": "SLOW"}], "max_tokens": 40}
+
+    def stream() -> None:
+        with server.http.stream("POST", "/v1/chat/completions", json=body | {"stream": True}) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+
+    streaming = threading.Thread(target=stream)
+    streaming.start()
+    assert started.wait(60)
+    assert ask(server, "a", "BUG")[0] == 500
+    streaming.join(60)
+    errors = [line for line in lines if '"error"' in line]
+    assert errors and '"backend_unavailable"' in errors[-1], lines[-3:]
+    assert server.exit_code() == 70
+
+
+def test_a_quarantine_outlives_the_models_unload(serve, tiny_model, tmp_path: Path) -> None:
+    """A model unloaded while idle in its restart window keeps its quarantine: the payload
+    it refused gets no fresh worker to crash when a request loads the model again."""
+    models_file = tmp_path / "models.toml"
+    table = f'path = "{tiny_model}"\n'
+    models_file.write_text(f"[b]\n{table}[a]\n{table}idle_ttl = 2\n")
+    server = serve(
+        *("--models", str(models_file), "--standby", "none", "--log-json"),
+        *("--inject-fault", f"decode:poison:marker={POISON},model=a"),
+    )
+    server.wait()
+    assert ask(server, "a", POISON) == (422, "request_quarantined")
+    assert len(faults_logged(server.output())) == 2
+    server.until(lambda h: h["models"]["a"]["state"] == "unloaded", within=60)
+    assert ask(server, "a", POISON) == (422, "request_quarantined")
+    assert models(server)["a"]["loads"] == 2
+    assert len(faults_logged(server.output())) == 2  # refused before it reached the worker
+    assert ask(server, "a") == (200, "a")
 
 
 def test_a_model_that_cannot_load_says_so_and_the_others_serve(

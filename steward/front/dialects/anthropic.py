@@ -123,8 +123,8 @@ def _check_context_management(request: Request, body: MessagesPrompt) -> None:
     if not edits:
         return
     supervisor = backend.supervisor(request)
-    context = supervisor.context_length
-    if context is None:
+    context = supervisor.context_length or request.state.slot.context_length  # a reload's
+    if context is None:  # never loaded before
         raise ApiError(
             "backend_unavailable",
             "The model's context length is not known until it has loaded; retry shortly.",

@@ -38,6 +38,7 @@ class Waiter:
     ) -> None:
         self.job = job
         self.fallback = fallback
+        self.request = request
         self.supervisor = backend.supervisor(request)
         self.config = request.app.state.config
         self.deadline = time.monotonic() + self.config.request_timeout
@@ -62,6 +63,8 @@ class Waiter:
                 if self.fallback and event.type is ErrorType.CONTEXT_LENGTH_EXCEEDED:
                     self.job, self.fallback = self.fallback(), None
                     job = self.job
+                    # the model may have been unloaded and loaded again meanwhile
+                    self.supervisor = backend.supervisor(self.request)
                     continue
                 raise event
             self.fallback = None
