@@ -98,6 +98,16 @@ class Job:
             "can hold.",
         )
 
+    def waits_until(self, queue_timeout: float, deadline: float) -> float:
+        """When waiting for it ends (the request's `deadline` at the latest).
+        `--queue-timeout` bounds the wait for a first turn; a job the server has started is
+        owed its answer, so a fault that sends it back to wait (for a replacement worker,
+        which on a GPU takes a load and a warm-up, or for its probation group) leaves it
+        bounded by its deadline alone."""
+        if self.running or self.finished or self.attempts:
+            return deadline
+        return min(self.queued_at + queue_timeout, deadline)
+
     @property
     def running(self) -> bool:
         return self.status is JobStatus.RUNNING

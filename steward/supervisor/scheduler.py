@@ -27,7 +27,7 @@ class Scheduler:
         self.probation: deque[list[Job]] = deque()
         self.group: list[Job] | None = None  # the probation group running now
         self._starting: list[Job] = []  # its members not yet sent
-        self.suspects: list[Job] = []  # the last fault's: in no queue while it is handled
+        self.suspects: list[Job] = []  # the last fault's, in no queue while it is handled
         self._shrunk = max_batch
         self._shrunk_until = 0.0
 

@@ -56,7 +56,7 @@ class EmbeddingEngine:
         return bool(self.pending or self.finished)
 
     def prepare(self, req: Embed) -> Prepared:
-        """Its inputs' tokens, or its 400 (on the reader's thread: prepared.py)."""
+        """Its inputs' tokens, or its 400 (on an encoder thread: inbox.py)."""
         return prepared(req, self.embedder.prepare)
 
     def add(self, req: Embed | Prepared) -> Admitted | Rejected:

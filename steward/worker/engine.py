@@ -130,7 +130,7 @@ class Engine:
         return bool(self.members or self.finished or self.solo or self.waiting)
 
     def prepare(self, req: Generate) -> Prepared:
-        """Its prompt's tokens (on the reader's thread: prepared.py)."""
+        """Its prompt's tokens (on an encoder thread: inbox.py)."""
         return prepared(req, self.backend.encode)
 
     def add(self, req: Generate | Prepared) -> Admitted | Rejected:

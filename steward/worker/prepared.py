@@ -1,4 +1,4 @@
-"""A request with its input encoded on the reader's thread, before the batch's loop takes it.
+"""A request with its input encoded off the batch's loop (inbox.py), before the loop takes it.
 
 Encoding a 13k-token prompt (chat template and tokenizer) is 30-50 ms of an H200 host's
 CPU; three arriving together held the loop, and every member's next token, for 100-145 ms

@@ -102,17 +102,19 @@ class PromptCache:
         )
         if entry.nbytes > self.max_bytes:
             return
+        n, redundant = len(entry.tokens), []
         for key, held in self.entries.items():
-            if held.viewable and shared(held.tokens, entry.tokens) == len(entry.tokens):
+            common = shared(held.tokens, entry.tokens)
+            if held.viewable and common == n:  # held goes as far: it serves these
                 self.entries.move_to_end(key)
                 return
+            if common == len(held.tokens) and (entry.viewable or common == n):
+                redundant.append(key)  # a prefix the new entry serves, or the same tokens
         arrays = tree_flatten([layer.state for layer in layers])
         mx.async_eval([a for _, a in arrays if isinstance(a, mx.array)])
+        for key in redundant:
+            self._drop(key)
         key = entry.tokens.tobytes()
-        self._drop(key)
-        if entry.viewable:
-            for other in [k for k, e in self.entries.items() if _prefix(e.tokens, entry.tokens)]:
-                self._drop(other)
         self.entries[key] = entry
         self.nbytes += entry.nbytes
         while self.entries and (
@@ -124,8 +126,3 @@ class PromptCache:
         entry = self.entries.pop(key, None)
         if entry is not None:
             self.nbytes -= entry.nbytes
-
-
-def _prefix(a: np.ndarray, b: np.ndarray) -> bool:
-    """`a` is a prefix of `b`, and shorter."""
-    return len(a) < len(b) and shared(a, b) == len(a)

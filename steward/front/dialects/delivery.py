@@ -71,14 +71,7 @@ class Waiter:
             return event
 
     def _until(self) -> float:
-        """When waiting ends. `--queue-timeout` bounds the wait for a first turn; a job the
-        server has started is owed its answer, so a fault that sends it back to wait (for
-        a replacement worker, which on a GPU takes a load and a warm-up, or its probation
-        group) leaves it bounded by its request's deadline alone."""
-        job = self.job
-        if job.running or job.finished or job.attempts:
-            return self.deadline
-        return min(job.queued_at + self.config.queue_timeout, self.deadline)
+        return self.job.waits_until(self.config.queue_timeout, self.deadline)
 
     def close(self) -> None:
         if not self.job.finished:
