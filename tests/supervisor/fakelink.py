@@ -48,6 +48,7 @@ class Script:
     gate: asyncio.Event | None = None  # set: answers wait for it after their first token
     prefill: dict[int, int] = field(default_factory=dict)  # seq -> tokens it says it prefills
     delay: dict[int, float] = field(default_factory=dict)  # seq -> seconds before its answer
+    replacements: asyncio.Event | None = None  # set: a worker after the first waits for it
     model_bytes: int = 2**30
     memory_bytes: int = 24 * 2**30
     links: list[FakeLink] = field(default_factory=list)
@@ -56,6 +57,8 @@ class Script:
     faulted_at: list[int] = field(default_factory=list)  # len(started) at each fault
 
     async def spawn(self, settings: WorkerSettings) -> FakeLink:
+        if self.replacements is not None and settings.generation > 1:
+            await self.replacements.wait()
         link = FakeLink(self, settings.generation, settings.warm)
         self.links.append(link)
         return link

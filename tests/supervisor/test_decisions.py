@@ -7,6 +7,7 @@ real processes and MLX; these cover every branch.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -157,6 +158,67 @@ def test_queued_requests_are_untouched_by_a_fault():
         ends = [end for _, end in [await outcome(job) for job in jobs]]
         assert all(isinstance(end, Done) for end in ends)
         assert [r.seq for r in script.started] == [1, 1, 2, 3]  # the replay first, in order
+
+    run(scenario)
+
+
+def test_a_suspect_waits_for_its_replacement_bounded_by_its_deadline_alone():
+    """--queue-timeout bounds a first turn; a request the fault struck is owed its replay,
+    however long the replacement takes (the order of events decides, not their timing)."""
+
+    async def scenario() -> None:
+        loads = asyncio.Event()
+        script = Script(faults={1: [C.WORKER_CRASH]}, replacements=loads)
+        supervisor = await start(script)
+        struck = submit(supervisor, 1)
+        await until(lambda: supervisor.state is State.RECOVERING)
+        waiting = submit(supervisor, 2)
+        far = time.monotonic() + 1000
+        assert struck.waits_until(queue_timeout=0.0, deadline=far) == far
+        assert waiting.waits_until(0.0, far) == waiting.queued_at  # its first turn
+        loads.set()
+        _, end = await outcome(struck)
+        assert isinstance(end, Done) and end.completion_tokens == TOKENS
+
+    run(scenario)
+
+
+def test_a_drain_waits_for_the_suspects_of_a_fault_being_handled():
+    """Between a fault and its plan the suspects are in no queue; a SIGTERM then must not
+    take the drain for finished and leave them unanswered."""
+
+    async def scenario() -> None:
+        loads = asyncio.Event()
+        script = Script(faults={1: [C.WORKER_CRASH]}, replacements=loads)
+        supervisor = await start(script)
+        struck = submit(supervisor, 1)
+        await until(lambda: supervisor.state is State.RECOVERING)
+        draining = asyncio.ensure_future(supervisor.stop(30.0, asyncio.Event()))
+        await asyncio.sleep(0.05)
+        assert not draining.done() and not struck.finished
+        loads.set()
+        _, end = await outcome(struck)
+        assert isinstance(end, Done) and end.completion_tokens == TOKENS
+        await draining
+
+    run(scenario)
+
+
+def test_closing_tells_what_it_still_holds_that_the_process_is_exiting():
+    """Another model's failure exits the process: this model's requests get a retryable
+    503, not a cut connection."""
+
+    async def scenario() -> None:
+        script = Script(gate=asyncio.Event())
+        supervisor = await start(script, max_batch=1)
+        running, queued = submit(supervisor, 1, stream=True), submit(supervisor, 2)
+        await until(lambda: len(script.started) == 1)
+        await supervisor.close()
+        for job in (running, queued):
+            _, end = await outcome(job)
+            assert isinstance(end, ApiError) and end.type == "backend_unavailable"
+            assert end.retryable
+        assert supervisor.status() is State.STOPPING  # told to stop: no loop failure
 
     run(scenario)
 
