@@ -235,9 +235,7 @@ def test_unknown_and_unsupported_parameters_are_refused(client) -> None:
 
 
 def test_a_constrained_stream_with_logprobs_resumes_across_a_crash(serve, tiny_model) -> None:
-    server = serve(
-        "--model", str(tiny_model), "--stall-timeout", "2", "--inject-fault", "decode:crash:nth=1"
-    )
+    server = serve("--model", str(tiny_model), "--inject-fault", "decode:crash:nth=1")
     server.wait()
     client = server.client()
 
@@ -262,9 +260,7 @@ def test_a_required_call_streams_its_arguments_in_pieces_across_a_crash(serve, t
     """A forced call streams its arguments as they come; the fault strikes at its second
     token (nothing sent yet: replayed), and the deltas join to the unfaulted answer's call.
     (A fault inside the arguments, resumed: `test_engine`.)"""
-    server = serve(
-        "--model", str(tiny_model), "--stall-timeout", "2", "--inject-fault", "decode:crash:nth=1"
-    )
+    server = serve("--model", str(tiny_model), "--inject-fault", "decode:crash:nth=1")
     server.wait()
     client = server.client()
     weather = {
@@ -300,9 +296,7 @@ def test_eight_streams_together_resume_across_a_crash_as_each_alone(serve, tiny_
     """Every agent parameter at once, eight streams in one batch, and the worker crashes
     mid-batch (the ninth request's second token): each stream resumes to exactly what it
     got alone, logprobs, schema-bound text and tool-call deltas included."""
-    server = serve(
-        "--model", str(tiny_model), "--stall-timeout", "2", "--inject-fault", "decode:crash:nth=9"
-    )
+    server = serve("--model", str(tiny_model), "--inject-fault", "decode:crash:nth=9")
     server.wait()
     client = server.client(max_retries=0)
     city = {

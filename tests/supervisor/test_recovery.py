@@ -270,7 +270,7 @@ def test_hanging_canary_is_bounded(serve, tiny_model) -> None:
         "--stall-timeout",
         "2",
     )
-    assert server.exit_code(90) == 75
+    assert server.exit_code(240) == 75  # four bring-ups, slow on a busy machine
     assert "stall" in server.output()
 
 
