@@ -32,8 +32,10 @@ from steward.pool import budget, names
 from steward.pool.catalog import CatalogError, ModelEntry
 from steward.pool.slot import Slot
 from steward.pool.snapshot import ModelState, PoolSnapshot, overall
+from steward.supervisor.bringup import Spawn
 from steward.supervisor.events import Observer, Observers
 from steward.supervisor.exits import EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL
+from steward.supervisor.link import WorkerLink
 from steward.supervisor.state import State
 from steward.supervisor.supervisor import Supervisor
 from steward.wire.faultspec import FaultSpec
@@ -52,8 +54,10 @@ class Pool:
         config: ServeConfig,
         entries: list[ModelEntry],
         faults: list[FaultSpec],
+        spawn: Spawn = WorkerLink.spawn,  # tests of the pool's decisions pass fake workers
     ) -> None:
         self.config = config
+        self.spawn = spawn
         self.slots = [Slot(entry, config) for entry in entries]
         self.single = len(self.slots) == 1
         self.faults = faults
@@ -178,7 +182,12 @@ class Pool:
         assert slot.source is not None
         specs = [f for f in self.faults if f.model in (None, slot.name)]
         supervisor = Supervisor(
-            slot.config, slot.source, specs, bring_up_s=slot.load_s, quarantine=slot.quarantine
+            slot.config,
+            slot.source,
+            specs,
+            self.spawn,
+            bring_up_s=slot.load_s,
+            quarantine=slot.quarantine,
         )
         supervisor.events.add(self._Watch(self, slot.name))
         for observer in self.observe(slot.name):

@@ -36,7 +36,6 @@ class ScriptedJob:
     stream: bool
     running: bool = True
     finished: bool = False
-    queued_at: float = field(default_factory=time.monotonic)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     text: list[str] = field(default_factory=list)
     logprobs: list[Logprob] = field(default_factory=list)
@@ -55,6 +54,10 @@ class ScriptedJob:
                     continue
             self.finished = not isinstance(event, Token)
             self.events.put_nowait(event)
+
+    def waits_until(self, queue_timeout: float, deadline: float) -> float:
+        """A scripted job is running from its submit: bounded by its deadline alone."""
+        return deadline
 
 
 def done(completion: int = 1, finish: str = "stop", prompt: int = 5) -> Done:

@@ -49,6 +49,7 @@ class Script:
     prefill: dict[int, int] = field(default_factory=dict)  # seq -> tokens it says it prefills
     delay: dict[int, float] = field(default_factory=dict)  # seq -> seconds before its answer
     replacements: asyncio.Event | None = None  # set: a worker after the first waits for it
+    retire: asyncio.Event | None = None  # set: each worker's `retire` to begin with
     model_bytes: int = 2**30
     memory_bytes: int = 24 * 2**30
     links: list[FakeLink] = field(default_factory=list)
@@ -77,6 +78,7 @@ class FakeLink:
         self.killed = False
         self.stopped = False  # asked politely
         self.poisoned = False  # every later call raises, its canary too (SPEC §6 `poison`)
+        self.retire = script.retire  # set: told to stop or killed, it waits for this first
         self.loop = asyncio.get_running_loop()
 
     async def loaded(self, timeout: float, what: str = "") -> Ready | Warm:
@@ -99,10 +101,16 @@ class FakeLink:
         return not self.killed
 
     async def kill(self) -> None:
+        await self._retire()
         self.killed = True
 
     async def stop(self, timeout: float) -> None:
+        await self._retire()
         self.killed = self.stopped = True
+
+    async def _retire(self) -> None:
+        if self.retire is not None:
+            await self.retire.wait()
 
     def send(self, msg: ToWorker) -> None:
         if isinstance(msg, Load):

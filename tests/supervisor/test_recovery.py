@@ -304,8 +304,12 @@ def test_slow_decode_is_degraded(serve, tiny_model) -> None:
     for _ in range(2):
         assert server.http.post("/v1/chat/completions", json=slow).status_code == 200
     assert server.health().json()["status"] == "degraded"
-    for _ in range(3):
+    # Three answers at the canary's speed make the median fast again; on a machine busy
+    # with other tests, a few may decode under half the canary's speed: allow ten.
+    for _ in range(10):
         assert server.http.post("/v1/chat/completions", json={**BODY, "max_tokens": 10}).is_success
+        if server.health().json()["status"] == "ready":
+            break
     assert server.health().json()["status"] == "ready"
 
 
