@@ -48,6 +48,12 @@ class Slot:
         """A hot spare (asked for, or `auto`'s choice once it loaded) holds a second copy."""
         return 2 if self.config.standby == "hot" or self.hot else 1
 
+    @property
+    def known_context_length(self) -> int | None:
+        """Its worker's context length, else what its last load measured (None: never
+        loaded)."""
+        return (self.supervisor and self.supervisor.context_length) or self.context_length
+
     def need(self) -> int:
         weights = self.measured or self.weights
         return budget.need(weights, self.config.prompt_cache_bytes, self.copies)
@@ -119,7 +125,7 @@ class Slot:
             bool(self.measured),
             None if supervisor is None else time.monotonic() - self.last_used,
             self.load_s,
-            (supervisor and supervisor.context_length) or self.context_length,
+            self.known_context_length,
             int(supervisor.started_at if supervisor is not None else created),
             supervisor.retry_after() if supervisor else max(1, round(self.load_s or 10.0)),
             self.failure,

@@ -16,10 +16,10 @@ from steward.pool.pool import Pool
 from steward.pool.snapshot import ModelState
 from steward.supervisor.faults import FaultClass
 from steward.supervisor.jobs import Job
-from steward.wire.protocol import Done, Generate
+from steward.wire.protocol import Generate
 from steward.wire.settings import WorkerSettings
 from tests.supervisor.fakelink import TOKENS, FakeLink, Script
-from tests.supervisor.harness import outcome, run, until
+from tests.supervisor.harness import answered, outcome, run, until
 
 GIB = 2**30
 
@@ -54,11 +54,6 @@ def ask(pool: Pool, name: str, i: int = 1) -> Job:
     supervisor = pool.supervisor(pool.find(name))
     request = Generate(id=0, seq=0, attempt=0, max_tokens=TOKENS, prompt=f"prompt {i}")
     return supervisor.submit(request, 8, f"req-{i}", f"payload-{i}", False)
-
-
-async def answered(job: Job) -> None:
-    _, end = await outcome(job)
-    assert isinstance(end, Done) and end.completion_tokens == TOKENS
 
 
 def state(pool: Pool, name: str) -> ModelState:

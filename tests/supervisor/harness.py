@@ -50,5 +50,11 @@ async def outcome(job: Job) -> tuple[list[int], Done | ApiError]:
             return tokens, event
 
 
+async def answered(job: Job) -> None:
+    """The job got its whole answer."""
+    _, end = await outcome(job)
+    assert isinstance(end, Done) and end.completion_tokens == TOKENS
+
+
 def run(scenario: Callable[[], Any]) -> Any:
     return asyncio.run(scenario())

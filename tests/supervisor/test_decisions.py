@@ -13,10 +13,12 @@ import pytest
 
 from steward.errors import ApiError
 from steward.supervisor.faults import FaultClass, Outcome
+from steward.supervisor.jobs import Job
 from steward.supervisor.state import State
+from steward.supervisor.supervisor import Supervisor
 from steward.wire.protocol import Done
 from tests.supervisor.fakelink import TOKENS, Script
-from tests.supervisor.harness import outcome, run, start, submit, until
+from tests.supervisor.harness import answered, outcome, run, start, submit, until
 
 C = FaultClass
 
@@ -162,23 +164,27 @@ def test_queued_requests_are_untouched_by_a_fault():
     run(scenario)
 
 
+async def struck_while_replaced() -> tuple[Supervisor, Job, asyncio.Event]:
+    """A request whose fault needs a new worker, held in recovery until the event is set."""
+    loads = asyncio.Event()
+    supervisor = await start(Script(faults={1: [C.WORKER_CRASH]}, replacements=loads))
+    struck = submit(supervisor, 1)
+    await until(lambda: supervisor.state is State.RECOVERING)
+    return supervisor, struck, loads
+
+
 def test_a_suspect_waits_for_its_replacement_bounded_by_its_deadline_alone():
     """--queue-timeout bounds a first turn; a request the fault struck is owed its replay,
     however long the replacement takes (the order of events decides, not their timing)."""
 
     async def scenario() -> None:
-        loads = asyncio.Event()
-        script = Script(faults={1: [C.WORKER_CRASH]}, replacements=loads)
-        supervisor = await start(script)
-        struck = submit(supervisor, 1)
-        await until(lambda: supervisor.state is State.RECOVERING)
+        supervisor, struck, loads = await struck_while_replaced()
         waiting = submit(supervisor, 2)
         far = time.monotonic() + 1000
         assert struck.waits_until(queue_timeout=0.0, deadline=far) == far
         assert waiting.waits_until(0.0, far) == waiting.queued_at  # its first turn
         loads.set()
-        _, end = await outcome(struck)
-        assert isinstance(end, Done) and end.completion_tokens == TOKENS
+        await answered(struck)
 
     run(scenario)
 
@@ -188,17 +194,12 @@ def test_a_drain_waits_for_the_suspects_of_a_fault_being_handled():
     take the drain for finished and leave them unanswered."""
 
     async def scenario() -> None:
-        loads = asyncio.Event()
-        script = Script(faults={1: [C.WORKER_CRASH]}, replacements=loads)
-        supervisor = await start(script)
-        struck = submit(supervisor, 1)
-        await until(lambda: supervisor.state is State.RECOVERING)
+        supervisor, struck, loads = await struck_while_replaced()
         draining = asyncio.ensure_future(supervisor.stop(30.0, asyncio.Event()))
         await asyncio.sleep(0.05)
         assert not draining.done() and not struck.finished
         loads.set()
-        _, end = await outcome(struck)
-        assert isinstance(end, Done) and end.completion_tokens == TOKENS
+        await answered(struck)
         await draining
 
     run(scenario)

@@ -123,7 +123,7 @@ def _check_context_management(request: Request, body: MessagesPrompt) -> None:
     if not edits:
         return
     supervisor = backend.supervisor(request)
-    context = supervisor.context_length or request.state.slot.context_length  # a reload's
+    context = request.state.slot.known_context_length
     if context is None:  # never loaded before
         raise ApiError(
             "backend_unavailable",
