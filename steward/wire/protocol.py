@@ -19,6 +19,10 @@ class _Msg(msgspec.Struct, tag=True, tag_field="msg", frozen=True, array_like=Tr
     pass
 
 
+class _Part(msgspec.Struct, frozen=True, array_like=True):
+    pass
+
+
 # front -> worker
 
 
@@ -93,6 +97,17 @@ class Load(_Msg):
 # worker -> front
 
 
+class Calibration(_Part):
+    """What a model's first worker measured on this device (the batch-width knee within
+    memory, the prefill speed and chunk the chunks are sized by): every later worker of the
+    model (a replacement, a spare) reuses it instead of measuring again, and warms only the
+    shapes (SPEC §3: a new worker in seconds)."""
+
+    max_batch: int
+    prefill_tps: float
+    chunk: int
+
+
 class Ready(_Msg):
     """`max_token_chars`: the most characters one token stands for, so the front can
     refuse a prompt that cannot fit the context without tokenising it. `max_batch`: how
@@ -108,6 +123,8 @@ class Ready(_Msg):
     working_set_bytes: int = 0  # the device's recommended working set (Metal), 0 if none
     thinking: bool = False  # the tokenizer marks thinking (mlx-lm's detection: `<think>`, ...)
     dimensions: int = 0  # an embedding model's vector length (0: a generating model)
+    calibration: Calibration | None = None  # measured here, or the one it was given
+    phases: dict[str, float] = {}  # seconds of each bring-up phase: imports, device, load, warmup
 
 
 class Warm(_Msg):
@@ -126,10 +143,6 @@ class LoadFailed(_Msg):
 
 class Heartbeat(_Msg):
     """Sent every second by a worker thread: the process is alive and its GIL is free."""
-
-
-class _Part(msgspec.Struct, frozen=True, array_like=True):
-    pass
 
 
 class TopLogprob(_Part):
@@ -228,14 +241,31 @@ class Rejected(_Msg):
     message: str
 
 
+class StepClock(_Part):
+    """One engine step on the worker's own clock: what it was and how long it took, so the
+    supervisor bounds a silence by what steps like the next one took (SPEC §3), never by a
+    client's TTFT. `members`: rows that decoded a token in it; `prefill`: prompt tokens it
+    computed; `new_shape`: the first step at this width (MLX builds kernels then);
+    `seconds`: from the step's start until its outputs were on the host; `chunk`: the prefill
+    chunk per prompt the next step will use."""
+
+    members: int
+    prefill: int
+    seconds: float
+    new_shape: bool = False
+    chunk: int = 0
+
+
 class Step(_Msg):
     """One step of the batch: new tokens, finished requests, and the prompts a prefill
-    chunk advanced (a long prompt is progress, not a stall)."""
+    chunk advanced (a long prompt is progress, not a stall); `clock`: the step itself (None
+    for a message that announces admissions only)."""
 
     tokens: list[Token] = []
     done: list[Done] = []
     prefilled: list[int] = []
     admitted: list[Admitted] = []  # sent before the prefill it announces begins
+    clock: StepClock | None = None
 
 
 class Failed(_Msg):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from steward.model.resolve import ModelSource
 from steward.wire.faultspec import FaultSpec
+from steward.wire.protocol import Calibration
 
 
 @dataclass(frozen=True)
@@ -22,3 +23,4 @@ class WorkerSettings:
     max_embedding_tokens: int = 300_000  # an embeddings request's inputs, in all
     prompt_cache_dir: str | None = None  # the prompt cache's disk tier (None: none)
     prompt_cache_disk_bytes: int = 0
+    calibration: Calibration | None = None  # the model's first worker's: reused, not measured
