@@ -77,9 +77,13 @@ def bench_model(path: Path | None) -> Path:
 
 
 def start_server(
-    model: Path | None, args: list[str] = (), stderr: IO[str] | None = None
+    model: Path | None,
+    args: list[str] = (),
+    stderr: IO[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """A real `steward serve` on a free port, once it is ready (its log to `stderr`)."""
+    """A real `steward serve` on a free port, once it is ready (its log to `stderr`; `env`:
+    variables added to this process's)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -97,7 +101,7 @@ def start_server(
             "warning",
             *args,
         ],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         stderr=stderr,
     )
     url = f"http://127.0.0.1:{port}"
