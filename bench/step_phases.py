@@ -154,7 +154,7 @@ def prefill(backend: Any, prompts: list[str], decoding: int, chunk: int) -> dict
 
     engine = Engine(backend, decoding + len(prompts), 0)
     if chunk:
-        engine.chunks.measured = lambda generator: None
+        engine.chunks.measured = lambda generator, timed=True: None
         engine.chunks.size = chunk
         engine.chunks.resize = lambda generator: None
         engine.generator.prefill_step_size = chunk

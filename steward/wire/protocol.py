@@ -125,6 +125,7 @@ class Ready(_Msg):
     dimensions: int = 0  # an embedding model's vector length (0: a generating model)
     calibration: Calibration | None = None  # measured here, or the one it was given
     phases: dict[str, float] = {}  # seconds of each bring-up phase: imports, device, load, warmup
+    device: str = ""  # where the model runs: "gpu" or "cpu" ("": not said, an older worker)
 
 
 class Warm(_Msg):

@@ -17,6 +17,7 @@ from typing import Any
 from jinja2 import TemplateError
 from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_model
 
 from steward.wire.protocol import Generate, Rejected
 from steward.worker.answer import Answer
@@ -123,10 +124,16 @@ class Shaping:
 class Backend(Shaping):
     batches = True  # engine.py decodes its requests together
 
-    def __init__(self, model_dir: Path, injector: Injector) -> None:
+    def __init__(
+        self, model_dir: Path, injector: Injector, tokenizer: TokenizerWrapper | None = None
+    ) -> None:
+        """`tokenizer`: built already, as mlx-lm's `load` builds it (a warm spare's)."""
         self.injector = injector
         injector.hit("load")
-        self.model, tokenizer = load(str(model_dir))
+        if tokenizer is None:
+            self.model, tokenizer = load(str(model_dir))
+        else:
+            self.model, _ = load_model(model_dir)
         super().__init__(self.model, tokenizer)
         self.context_length = context_length(model_dir)
         self.max_token_chars = max_token_chars(tokenizer)

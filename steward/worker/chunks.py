@@ -37,22 +37,32 @@ class Chunks:
         self.rate = 0.0  # prompt tokens per second, smoothed
         self._seen = (0, 0.0)  # the generator's counters when last read
 
-    def measured(self, generator: Any) -> None:
-        """After a step: fold in the chunk it prefilled, if any, and size the next one for
-        the prompts still prefilling."""
+    def measured(self, generator: Any, timed: bool = True) -> None:
+        """After a step: fold in the chunk it prefilled, if any (`timed`: not the first
+        step of its shape, whose time is mostly kernels being built)."""
         counters = generator._counters
         tokens, spent = counters.prompt_tokens, counters.prompt_time
         new_tokens, new_time = tokens - self._seen[0], spent - self._seen[1]
         self._seen = (tokens, spent)
-        if new_tokens < LOW // 2 or new_time <= 0:  # a prompt's tail: too small to time
+        if timed:
+            self.observe(new_tokens, new_time)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """`tokens` prompt tokens prefilled in `seconds` (a batch's chunk, or a request's
+        alone)."""
+        if tokens < LOW // 2 or seconds <= 0:  # a prompt's tail: too small to time
             return
-        rate = new_tokens / new_time
+        rate = tokens / seconds
         self.rate = rate if not self.rate else SMOOTHING * rate + (1 - SMOOTHING) * self.rate
+
+    def planned(self, generator: Any) -> int:
+        """The chunk for the prompts that will prefill in the generator's next step."""
+        prompts = max(1, len(generator._prompt_batch) + len(generator._unprocessed_sequences))
+        return sized(self.rate, prompts)
 
     def resize(self, generator: Any) -> None:
         """Before a step: the chunk for the prompts that will prefill in it."""
-        prompts = max(1, len(generator._prompt_batch) + len(generator._unprocessed_sequences))
-        self.size = power_of_two(self.rate * BUDGET / prompts) if self.rate else LOW
+        self.size = self.planned(generator)
         generator.prefill_step_size = self.size
         generator._prompt_batch.prefill_step_size = self.size
 
@@ -60,3 +70,9 @@ class Chunks:
         """A new generator (after a fault) starts with what was measured."""
         self._seen = (0, 0.0)
         self.resize(generator)
+
+
+def sized(rate: float, prompts: int = 1) -> int:
+    """The chunk per prompt when `prompts` prefill together at `rate` tokens/s (LOW while
+    the speed is unknown)."""
+    return power_of_two(rate * BUDGET / prompts) if rate else LOW

@@ -11,12 +11,20 @@ crash mid-answer finds it; and, as the memory cache gets it, a finished answer's
 (a conversation's next turn begins with it). An entry whose tokens all begin a newer one's
 is removed: the newer one serves it.
 
-Off the token path: the main thread, which alone runs MLX, copies the arrays to the host
-and queues them; a writer thread writes, checksums and renames, and evicts the least
-recently used entries to stay within the byte bound. A full queue drops the save. A write
-that fails (a full disk: ENOSPC, EDQUOT, EFBIG; any OSError) is logged and counted, and the
-entry dropped: no request ever waits for a write or fails by one. Loading is on the
-request's own prefill path, where it replaces the computation.
+Only where it pays: an entry is loaded only when reading it is sooner than prefilling the
+tokens it spares, both as measured in this worker (the prefill speed the chunks are sized
+by, or the model's first worker's; the read path's bytes per second, timed once at bring-up
+on a probe entry and then on every read), and nothing is written when reading it would
+never pay (a GPU that prefills faster than the host reads its KV back). A speed not yet
+measured says "load": a CPU's prefill, slow, is the case the tier is for.
+
+Off the token path: the main thread, which alone runs MLX, only takes views of the arrays
+and evaluates them (the KV is computed already); a writer thread copies them to the host,
+writes, checksums and renames, and evicts the least recently used entries to stay within
+the byte bound. A full queue drops the save. A write that fails (a full disk: ENOSPC,
+EDQUOT, EFBIG; any OSError) is logged and counted, and the entry dropped: no request ever
+waits for a write or fails by one. Loading is on the request's own prefill path, where it
+replaces the computation.
 
 After a fault (`fault()`, from the engine's `drop_all`) the saves still queued or being
 written are dropped: only entries whose write completed before the fault stay. Their KV
@@ -53,7 +61,9 @@ from steward.worker.kvindex import Index
 log = logging.getLogger(__name__)
 
 MIN_TOKENS = 512  # a shorter prefix is prefilled again in about the time it takes to load
-QUEUED = 4  # saves waiting for the writer; more are dropped (each holds a host copy)
+QUEUED = 4  # saves waiting for the writer; more are dropped (each holds its KV's arrays)
+PROBE = (16, (1, 8, 1024, 64))  # arrays and shape of the entry the read path is timed on
+SMOOTHING = 0.5  # weight of the newest read in the read speed
 # MLX dtype -> how its bytes are held on the host (numpy has no bfloat16)
 HOST = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16}
 
@@ -62,7 +72,15 @@ HOST = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16}
 class Save:
     epoch: int  # the fault count when it was taken: a later fault drops it
     tokens: list[int]
-    arrays: list[kvstore.Array]
+    arrays: list[mx.array]  # evaluated: the writer copies them to the host
+
+
+def pays(size: int, read_bps: float, tokens: int, prefill_tps: float) -> bool:
+    """Reading an entry of `size` bytes is sooner than prefilling the `tokens` it spares.
+    A speed not measured yet (0) says yes."""
+    if read_bps <= 0 or prefill_tps <= 0:
+        return True
+    return size / read_bps < tokens / prefill_tps
 
 
 def configured(settings: WorkerSettings) -> DiskCache | None:
@@ -87,43 +105,78 @@ class DiskCache:
         self.queue: queue.Queue[Save] = queue.Queue(QUEUED)
         self.epoch = 0
         self.errors = self.reported = 0  # `reported`: errors already told
+        self.read_bps = 0.0  # the read path's speed, measured (0: not yet)
         with self.lock:
             self._refresh()
             self._evict(0)
         threading.Thread(target=self._writer, daemon=True, name="prompt-cache-writer").start()
 
-    def fetch(self, tokens: list[int], above: int) -> tuple[list[Any], int] | None:
+    def fetch(
+        self, tokens: list[int], above: int, prefill_tps: float = 0.0
+    ) -> tuple[list[Any], int] | None:
         """The KV of the longest prefix of `tokens` on disk holding more than `above` of
-        them (a fresh copy), and how many it holds; None if there is none. Corrupt entries
-        met on the way are removed. Whatever goes wrong (the directory deleted, a
-        filesystem gone read-only, memory) is a miss, never the request's fault: the
-        canary never reads this tier, so a fault here would keep failing requests on a
-        worker it keeps."""
+        them (a fresh copy), and how many it holds, if reading it is sooner than
+        prefilling them at `prefill_tps`; None if there is none. Corrupt entries met on the
+        way are removed. Whatever goes wrong (the directory deleted, a filesystem gone
+        read-only, memory) is a miss, never the request's fault: the canary never reads
+        this tier, so a fault here would keep failing requests on a worker it keeps."""
         if len(tokens) < MIN_TOKENS:  # nothing on disk is worth loading for it
             return None
         try:
-            return self._fetch(tokens, above)
+            return self._fetch(tokens, above, prefill_tps)
         except Exception as exc:
             self._missed("read", exc)
             return None
 
-    def save(self, tokens: list[int], cache: list[Any] | None) -> None:
+    def save(self, tokens: list[int], cache: list[Any] | None, prefill_tps: float = 0.0) -> None:
         """Queue the KV `cache` holds of `tokens` for the writer, never waiting for it (and
-        never failing the request whose KV it is, as `fetch`)."""
+        never failing the request whose KV it is, as `fetch`), unless reading it back
+        would never beat prefilling it at `prefill_tps`."""
         try:
-            self._save(tokens, cache)
+            self._save(tokens, cache, prefill_tps)
         except Exception as exc:
             self._missed("save", exc)
+
+    def probe(self) -> None:
+        """Time the read path (a file read, its checksum, the arrays onto the device) on an
+        entry of known size written for it, so the first real load is decided on a
+        measured speed. A failure leaves the speed unmeasured."""
+        count, shape = PROBE
+        data = np.zeros(shape, np.uint16)
+        arrays = [kvstore.Array("bfloat16", shape, memoryview(data).cast("B"))] * count
+        path = self.index.temporary("probe")
+        try:
+            size = kvstore.write(path, self.index.model, list(range(shape[2])), arrays)
+            started = time.perf_counter()
+            _device_cache(kvstore.read(path).arrays, shape[2])
+            self._timed(size, time.perf_counter() - started)
+        except Exception as exc:
+            log.warning("prompt cache: read speed not measured: %s: %s", type(exc).__name__, exc)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _timed(self, size: int, seconds: float) -> None:
+        if seconds > 0:
+            rate = size / seconds
+            self.read_bps = (
+                SMOOTHING * rate + (1 - SMOOTHING) * self.read_bps if self.read_bps else rate
+            )
 
     def _missed(self, what: str, exc: Exception) -> None:
         self._failed()
         log.warning("prompt cache: %s failed: %s: %s", what, type(exc).__name__, exc)
 
-    def _fetch(self, tokens: list[int], above: int) -> tuple[list[Any], int] | None:
+    def _fetch(
+        self, tokens: list[int], above: int, prefill_tps: float
+    ) -> tuple[list[Any], int] | None:
         with self.lock:
             self._refresh()
-            found = self.index.lookup(tokens, above)
-        for n, name in found:
+            files = self.index.files
+            found = [(n, name, files[name].size) for n, name in self.index.lookup(tokens, above)]
+        for n, name, size in found:
+            if not pays(size, self.read_bps, n - above, prefill_tps):
+                continue  # a shorter entry, a smaller file, may still pay
+            started = time.perf_counter()
             try:
                 entry = kvstore.read(self.index.directory / name)
                 if entry.model != self.index.model or entry.tokens[:n] != tokens[:n]:
@@ -137,12 +190,13 @@ class DiskCache:
             except OSError as exc:  # unreadable now, not known corrupt: left in place
                 log.warning("prompt cache: cannot read %s: %s", name, exc)
                 continue
+            self._timed(size, time.perf_counter() - started)
             with self.lock:
                 self.index.touch(name)
             return cache, n
         return None
 
-    def _save(self, tokens: list[int], cache: list[Any] | None) -> None:
+    def _save(self, tokens: list[int], cache: list[Any] | None, prefill_tps: float) -> None:
         held = min(len(tokens), _held(cache))
         if held < MIN_TOKENS or self.queue.full():
             return
@@ -151,9 +205,11 @@ class DiskCache:
             return
         if self.index.name(tokens[:held]) in self.index.files:  # on disk already
             return
-        arrays = _host_copy(cache, held)
-        if arrays is not None:
-            self.queue.put_nowait(Save(self.epoch, tokens[:held], arrays))
+        arrays = _views(cache, held)
+        if arrays is None or not pays(_size(arrays, held), self.read_bps, held, prefill_tps):
+            return
+        mx.eval(arrays)  # views of KV computed already: the writer reads them as they are
+        self.queue.put_nowait(Save(self.epoch, tokens[:held], arrays))
 
     def fault(self) -> None:
         """KV computed around a fault is suspect: drop every save not yet on disk."""
@@ -186,7 +242,7 @@ class DiskCache:
     def _write(self, save: Save) -> None:
         index = self.index
         name = index.name(save.tokens)
-        room = sum(a.data.nbytes for a in save.arrays) + 4 * len(save.tokens)
+        room = _size(save.arrays, len(save.tokens))
         with self.lock:
             if save.epoch != self.epoch or room > self.max_bytes:
                 return
@@ -194,8 +250,9 @@ class DiskCache:
             if name in index.files:
                 return
             self._evict(room)
+        arrays = _host_copy(save.arrays)
         temporary = index.temporary(name)
-        size = kvstore.write(temporary, index.model, save.tokens, save.arrays)
+        size = kvstore.write(temporary, index.model, save.tokens, arrays)
         with self.lock:
             if save.epoch != self.epoch:  # a fault came while it was written
                 temporary.unlink()
@@ -229,16 +286,26 @@ def _held(cache: list[Any] | None) -> int:
     return min(c.offset for c in cache)
 
 
-def _host_copy(cache: list[Any], held: int) -> list[kvstore.Array] | None:
-    """The first `held` positions of every layer's keys and values, on the host."""
+def _views(cache: list[Any], held: int) -> list[mx.array] | None:
+    """The first `held` positions of every layer's keys and values (bfloat16 seen as
+    uint16, which numpy holds), not computed yet; None if a dtype is not stored."""
     arrays = [a[..., :held, :] for c in cache for a in (c.keys, c.values)]
     if any(a.dtype not in HOST for a in arrays):
         return None
-    mx.eval(arrays)
+    return [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a in arrays]
+
+
+def _size(arrays: list[mx.array], tokens: int) -> int:
+    """An entry's bytes, about: its arrays' and its tokens'."""
+    return sum(a.nbytes for a in arrays) + 4 * tokens
+
+
+def _host_copy(arrays: list[mx.array]) -> list[kvstore.Array]:
+    """Evaluated arrays copied to the host (on the writer's thread)."""
     copies = []
     for a in arrays:
-        host = np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
-        copies.append(kvstore.Array(str(a.dtype).removeprefix("mlx.core."), a.shape, host.data))
+        dtype = "bfloat16" if a.dtype == mx.uint16 else str(a.dtype).removeprefix("mlx.core.")
+        copies.append(kvstore.Array(dtype, a.shape, np.array(a).data))
     return copies
 
 

@@ -2,7 +2,9 @@
 
 `step()` runs one decode step for every member (mlx-lm interleaves one prefill chunk of the
 prompts that are joining, so a long prompt never freezes the others) and returns one
-`Step`: every member's new token, and the members that finished. A request that arrives
+`Step`: every member's new token, the members that finished, and the step's own clock
+(`StepClock`: what it was and how long it kept the link silent, which the supervisor bounds
+a silence by). A request that arrives
 at an idle engine runs alone at bare mlx-lm speed (solo.py) until a second one arrives and
 it moves into the batch. Anything raised while a request joins or during a step is a fault
 of the whole batch: `drop_all()` forgets every member, whose KV state is now suspect, and
@@ -28,11 +30,13 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from steward.wire.protocol import (
     Admitted,
+    Calibration,
     Done,
     Generate,
     Logprob,
     Rejected,
     Step,
+    StepClock,
     Token,
     prompt_text,
 )
@@ -53,6 +57,10 @@ if TYPE_CHECKING:
 
 PREFILL_BATCH = 8  # prompts prefilled together
 CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps lookups short
+
+# What a step computes, as far as the kernels MLX builds for it go: (alone, members decoding,
+# prompts prefilling, their chunk). Its first step is `new_shape` (StepClock).
+Shape = tuple[bool, int, int, int]
 
 
 class Out(NamedTuple):
@@ -112,6 +120,7 @@ class Engine:
         self.waiting: dict[int, list[Waiting]] = {}  # uid -> requests that wait for its prompt
         self.eos = set(backend.tokenizer.eos_token_ids)
         self.chunks = Chunks()  # prefill chunks sized by measured speed
+        self.shapes: set[Shape] = set()  # met by a step so far (a warm-up's included)
         self.generator = self._generator()
 
     def _generator(self) -> BatchGenerator:
@@ -196,6 +205,13 @@ class Engine:
         self.generator.prefill_batch_size = min(PREFILL_BATCH, width)
         self.generator.completion_batch_size = width
 
+    def calibrate(self, calibration: Calibration) -> None:
+        """Take what the model's first worker measured on this device as if measured here:
+        the width, and the prefill speed the chunks are sized by."""
+        self.widen(calibration.max_batch)
+        self.chunks.rate = calibration.prefill_tps or self.chunks.rate
+        self.chunks.resize(self.generator)
+
     def cancel(self, req_id: int) -> None:
         if self.solo is not None and self.solo[0].req.id == req_id:
             self.finished.append(self._solo_done("cancelled"))
@@ -207,23 +223,25 @@ class Engine:
                 self.finished.append(self._done(joining.member, "cancelled"))
 
     def step(self) -> Step:
+        started = time.perf_counter()
         if self.solo is not None:
-            return self._solo_step()
+            return self._solo_step(started)
         self._arm_grammars()
         wanted = any(member.req.logprobs >= 0 for member in self.members.values())
         self.generator._generation_batch.rows_wanted = wanted
         self.chunks.resize(self.generator)
+        counted = self.generator._counters.prompt_tokens
         prompts, outputs = self.generator.next() if self.members else ([], [])
-        self.chunks.measured(self.generator)
+        prefill = self.generator._counters.prompt_tokens - counted
+        prompting = sum(not response.end_of_prompt for response in prompts)
+        new = self._met((False, len(outputs), prompting, self.chunks.size if prefill else 0))
+        self.chunks.measured(self.generator, timed=not new)
         for response in prompts:
             if response.end_of_prompt:
                 self._prefilled(response.uid)
-        step = Step(
-            tokens=[],
-            done=self.finished,
-            prefilled=[self.members[r.uid].req.id for r in prompts if r.uid in self.members],
-        )
-        self.finished = []
+        tokens: list[Token] = []
+        done, self.finished = self.finished, []
+        prefilled = [self.members[r.uid].req.id for r in prompts if r.uid in self.members]
         size = len(self.members)
         now = time.perf_counter()
         members = [self.members.get(out.uid) for out in outputs]
@@ -232,11 +250,19 @@ class Engine:
             if member is None:
                 continue
             member.batch = max(member.batch, size)
-            finish = self._advance(member, out, now, step.tokens, logprob)
+            finish = self._advance(member, out, now, tokens, logprob)
             if finish is not None:
                 self._remember(out.all_tokens, out.prompt_cache, member.req)
-                step.done.append(self._leave(out.uid, finish, generator_done=out.finish_reason))
-        return step
+                done.append(self._leave(out.uid, finish, generator_done=out.finish_reason))
+        seconds = time.perf_counter() - started
+        clock = StepClock(len(outputs), prefill, seconds, new, self.chunks.planned(self.generator))
+        return Step(tokens=tokens, done=done, prefilled=prefilled, clock=clock)
+
+    def _met(self, shape: Shape) -> bool:
+        """Whether `shape` is new to this worker (and from now on, met)."""
+        new = shape not in self.shapes
+        self.shapes.add(shape)
+        return new
 
     def drop_all(self) -> list[int]:
         """After a fault: every member's state is suspect; start over with an empty batch."""
@@ -314,27 +340,36 @@ class Engine:
             tokens.append(piece.token(req.id, int(out.token) if real else -1, logprob))
         return piece.finish
 
-    def _solo_step(self) -> Step:
+    def _solo_step(self, started: float) -> Step:
+        """The request alone: a chunk of its prompt, or its next token."""
         assert self.solo is not None
         member, solo = self.solo
-        step = Step(tokens=[], done=self.finished, prefilled=[])
-        self.finished = []
+        tokens: list[Token] = []
+        done, self.finished = self.finished, []
+        before = solo.prefilled
         drawn = solo.next()
         if drawn is None:
-            step.prefilled.append(member.req.id)
             if len(solo.held()) == len(solo.prompt) - 1:  # the prompt is in
                 self._save(solo.held(), solo.cache, member.req)
-            return step
+            prefill = solo.prefilled - before
+            new = self._met((True, 0, 1, solo.prefill_step))
+            seconds = time.perf_counter() - started
+            if not new:
+                self.chunks.observe(prefill, seconds)
+            clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
+            return Step(tokens=tokens, done=done, prefilled=[member.req.id], clock=clock)
         token, row = drawn
         finish = "stop" if token in self.eos else None
         if finish is None and member.new + 1 >= solo.max_tokens:
             finish = "length"
         out = Out(token, finish, row)
         (logprob,) = self._logprobs([member], [out])
-        finish = self._advance(member, out, time.perf_counter(), step.tokens, logprob)
+        finish = self._advance(member, out, time.perf_counter(), tokens, logprob)
         if finish is not None:
-            step.done.append(self._solo_done(finish))
-        return step
+            done.append(self._solo_done(finish))
+        new = self._met((True, 1, 0, 0))
+        clock = StepClock(1, 0, time.perf_counter() - started, new, solo.prefill_step)
+        return Step(tokens=tokens, done=done, prefilled=[], clock=clock)
 
     def _solo_done(self, finish: str) -> Done:
         assert self.solo is not None
@@ -428,11 +463,12 @@ class Engine:
 
     def _cached(self, tokens: list[int]) -> tuple[list[Any] | None, list[int], int | None]:
         """The longest cached prefix's KV (a copy), the tokens still to prefill, and how
-        many came from disk (None: the disk tier was not asked)."""
+        many came from disk (None: the disk tier was not asked; it loads only what is
+        sooner read than prefilled at the speed measured)."""
         cache, rest = self._in_memory(tokens)
         if self.disk is None or len(rest) <= 1:
             return cache, rest, None
-        found = self.disk.fetch(tokens, len(tokens) - len(rest))
+        found = self.disk.fetch(tokens, len(tokens) - len(rest), self.chunks.rate)
         if found is None:
             return cache, rest, 0
         cache, held = found
@@ -461,4 +497,4 @@ class Engine:
     def _save(self, tokens: list[int] | None, cache: list[Any] | None, req: Generate) -> None:
         """To the disk tier, off the token path; never the canary's or the warm-up's."""
         if self.disk is not None and tokens and req.id >= 0:
-            self.disk.save(list(tokens), cache)
+            self.disk.save(list(tokens), cache, self.chunks.rate)

@@ -26,6 +26,7 @@ from steward.model.resolve import ModelError, ModelSource, is_vision
 from steward.wire.channel import BlockingChannel
 from steward.wire.protocol import (
     Admitted,
+    Calibration,
     Cancel,
     Done,
     Embed,
@@ -43,13 +44,14 @@ from steward.wire.protocol import (
     encode,
 )
 from steward.wire.settings import WorkerSettings
-from steward.worker import lifeline
+from steward.worker import lifeline, runtime
 from steward.worker.inbox import Inbox
 from steward.worker.injection import Injector
 from steward.worker.prepared import Prepared
 
 if TYPE_CHECKING:
     from steward.worker.backend import Backend
+    from steward.worker.diskcache import DiskCache
     from steward.worker.embedding_engine import EmbeddingEngine
     from steward.worker.engine import Engine
     from steward.worker.vision import VisionBackend
@@ -62,12 +64,7 @@ CONFIG_ERRORS = (ModelError, OSError, ValueError, KeyError, json.JSONDecodeError
 def run(sock: socket.socket, settings: WorkerSettings) -> None:
     """Entry point of the spawned process."""
     lifeline.hold(settings.parent_pid)
-    # On CUDA, MLX builds a cuDNN attention graph for every new shape: a prefill chunk's
-    # every new context length, a batch's every new width (tens to hundreds of ms each, in
-    # every first burst and again for each new conversation). Its own kernels need none:
-    # on an H200, three new 13k-token prompts prefilled in 1.8-1.9 s without cuDNN against
-    # 2.4-5.2 s with it (bench/step_phases.py). An operator's setting wins.
-    os.environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
+    runtime.environment(os.environ)  # before mlx is imported
     if settings.memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (settings.memory_limit, settings.memory_limit))
     channel = BlockingChannel(sock)
@@ -76,17 +73,27 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         channel.send(encode(msg))
 
     threading.Thread(target=_beat, args=(send,), daemon=True, name="heartbeat").start()
-    if settings.warm and not _wait_warm(channel, send):
+    phases = runtime.Phases()
+    head = runtime.Head()
+    if settings.warm and (head := _wait_warm(channel, send, settings, phases)) is None:
         return
     started = time.perf_counter()
+    calibration = None
     try:
+        if not settings.warm:
+            with _file_limit_kept():
+                runtime.start(phases)
         injector = Injector(settings.faults, settings.generation)
         if settings.kind == "embedding":
-            engine = _embedding_engine(settings, injector)
+            with phases.timed("load"):
+                engine = _embedding_engine(settings, injector)
             backend = engine.embedder
         else:
-            backend = load_backend(settings.source, injector)
-            engine = _engine(backend, settings) if backend.batches else None
+            with phases.timed("load"):
+                backend = load_backend(settings.source, injector, head)
+            engine = None
+            if backend.batches:
+                engine, calibration = _engine(backend, settings, phases)
     except CONFIG_ERRORS as exc:
         send(LoadFailed(True, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
@@ -104,6 +111,9 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
             *_memory(),
             thinking=backend.thinking,
             dimensions=backend.dimensions if settings.kind == "embedding" else 0,
+            calibration=calibration,
+            phases=phases.seconds,
+            device=runtime.device(),
         )
     )
     inbox = Inbox(None if engine is None else engine.prepare)  # encoded off the loop
@@ -118,25 +128,67 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         _serve_batched(engine, inbox, send)
 
 
-def _engine(backend: Backend, settings: WorkerSettings) -> Engine:
-    """The batch engine, its kernels warmed for a first burst (warmup.py)."""
-    import mlx.core as mx
-
-    from steward.worker import diskcache, warmup, width
+def _engine(
+    backend: Backend, settings: WorkerSettings, phases: runtime.Phases
+) -> tuple[Engine, Calibration]:
+    """The batch engine, its kernels warmed for a first burst (warmup.py), and what sized
+    it: the calibration it was given, or the one kept for this model and device, or one
+    measured here (and kept, on a GPU)."""
+    from steward.worker import calibration, diskcache, warmup
     from steward.worker.engine import Engine
 
     disk = diskcache.configured(settings)
+    gpu = warmup.on_gpu()
+    kept = calibration.name_here(settings) if gpu else ""
+    given = settings.calibration or (calibration.stored(kept) if gpu else None)
+    if given is not None:
+        engine = Engine(backend, given.max_batch, settings.prompt_cache_bytes, disk)
+        engine.calibrate(given)
+        if gpu:
+            with phases.timed("warmup"):
+                warmup.shapes(engine)
+    else:
+        with phases.timed("measure"):
+            engine, given = _measured(backend, settings, disk)
+        if gpu:
+            calibration.store(kept, given)
+    if disk is not None:
+        with phases.timed("disk"):
+            disk.probe()
+    return engine, given
+
+
+def _measured(
+    backend: Backend, settings: WorkerSettings, disk: DiskCache | None
+) -> tuple[Engine, Calibration]:
+    """A model's first worker: its width (as many members as fit, up to the knee a GPU
+    measures) and its prefill speed, measured here."""
+    import mlx.core as mx
+
+    from steward.worker import chunks, warmup, width
+    from steward.worker.engine import Engine
+
     engine = Engine(backend, settings.max_batch or width.CEILING, settings.prompt_cache_bytes, disk)
-    if settings.max_batch:
-        warmup.run(engine, [settings.max_batch])
-        return engine
-    _, device, working_set = _memory()
-    used = mx.get_active_memory()
-    free = width.free_bytes(working_set or device, used, settings.prompt_cache_bytes)
-    fit = width.fits(width.kv_bytes_per_token(backend.model), backend.context_length, free)
-    speeds = warmup.run(engine, width.widths(fit))
-    engine.widen(min(fit, width.knee(speeds) if speeds else width.CPU))
-    return engine
+    deadline = time.perf_counter() + warmup.BUDGET
+    gpu = warmup.on_gpu()
+    chosen = settings.max_batch
+    if not chosen:
+        _, device, working_set = _memory()
+        free = width.free_bytes(
+            working_set or device, mx.get_active_memory(), settings.prompt_cache_bytes
+        )
+        fit = width.fits(width.kv_bytes_per_token(backend.model), backend.context_length, free)
+        speeds = (
+            warmup.measure(engine, width.widths(fit), deadline - warmup.BUDGET / 2) if gpu else {}
+        )
+        chosen = min(fit, width.knee(speeds) if speeds else width.CPU)
+    elif gpu:
+        warmup.measure(engine, [chosen], deadline)  # its shapes, warmed
+    engine.widen(chosen)
+    if gpu:
+        warmup.prefill(engine, deadline)
+    rate = engine.chunks.rate
+    return engine, Calibration(chosen, rate, chunks.sized(rate))
 
 
 def _embedding_engine(settings: WorkerSettings, injector: Injector) -> EmbeddingEngine:
@@ -243,19 +295,23 @@ def _failed(ids: list[int], exc: Exception) -> Failed:
     return Failed(ids, f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
 
-def _wait_warm(channel: BlockingChannel, send: Callable[[FromWorker], None]) -> bool:
-    """A warm spare: pay for the runtime and the device now, then wait to be promoted.
-    False if told to stop instead."""
+def _wait_warm(
+    channel: BlockingChannel,
+    send: Callable[[FromWorker], None],
+    settings: WorkerSettings,
+    phases: runtime.Phases,
+) -> runtime.Head | None:
+    """A warm spare: pay for the runtime, the device and what else the load can be spared
+    (runtime.py) now, then wait to be promoted. What it prepared, or None if told to stop
+    instead."""
     with _file_limit_kept():
-        import mlx.core as mx
-        import mlx_lm  # noqa: F401  (its import is most of a worker's start-up)
-
-        mx.eval(mx.zeros(1))  # the device's context and allocator
+        runtime.start(phases)
+        head = runtime.head_start(settings, phases)
     send(Warm(os.getpid()))
     try:
-        return isinstance(decode_to_worker(channel.recv()), Load)
+        return head if isinstance(decode_to_worker(channel.recv()), Load) else None
     except EOFError:
-        return False
+        return None
 
 
 def _memory() -> tuple[int, int, int]:
@@ -266,24 +322,28 @@ def _memory() -> tuple[int, int, int]:
     info = mx.device_info()
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     working_set = int(info.get("max_recommended_working_set_size") or 0)
-    return mx.get_active_memory(), int(info.get("memory_size") or machine), working_set
+    device = info.get("memory_size") or info.get("total_memory") or machine  # Metal's, CUDA's
+    return mx.get_active_memory(), int(device), working_set
 
 
-def load_backend(source: ModelSource, injector: Injector) -> Backend | VisionBackend:
-    """mlx-vlm for a vision-language model (its config has a `vision_config`), else mlx-lm.
+def load_backend(
+    source: ModelSource, injector: Injector, head: runtime.Head
+) -> Backend | VisionBackend:
+    """mlx-vlm for a vision-language model (its config has a `vision_config`), else mlx-lm;
+    with what a warm spare prepared (`head`), if anything.
 
     Imported here, after the rlimit is set: importing mlx allocates."""
     from steward.model.gguf import materialize
 
     with _file_limit_kept():
-        model_dir = materialize(source)
+        model_dir = head.model_dir or materialize(source)
         if is_vision(model_dir):
             from steward.worker.vision import VisionBackend
 
             return VisionBackend(model_dir, injector)
         from steward.worker.backend import Backend
 
-        return Backend(model_dir, injector)
+        return Backend(model_dir, injector, head.tokenizer)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ On a GPU a decode step is bound by the host (building and launching the graph), 
 device: on an H200 a 1B model's step takes about the same time at 32 members and at 64, so
 a batch twice as wide is twice the tokens for nothing. That stops where the device becomes
 the bound: the knee, measured at bring-up (warmup.py times a few steps at each width) as
-the widest batch whose tokens per second still grew by `GAIN` over half its width. Memory
+the widest batch whose tokens per second still grew by `GAIN` over half its width (the
+measurement stops at the first width that did not). Memory
 bounds it too: each member may hold a context of `CONTEXT` tokens (or the model's, if
 shorter), at the KV bytes per token measured on the model. On a CPU each member costs
 its whole share of the step, there is no knee worth a warm-up, and the width is `CPU`.
@@ -58,6 +59,11 @@ def knee(speeds: dict[int, float]) -> int:
             break
         best = wide
     return best
+
+
+def passed(speeds: dict[int, float]) -> bool:
+    """The knee is behind the widest width measured: wider ones would only cost bring-up."""
+    return knee(speeds) < max(speeds)
 
 
 def widths(limit: int) -> list[int]:

@@ -1,7 +1,8 @@
 """The prompt cache's disk tier (diskcache.py) on real MLX arrays and real files: an entry
 serves the prompts it begins, corrupt, truncated and foreign entries are removed and never
-loaded, the byte bound holds, and a full filesystem (a real one: a tiny tmpfs, or the
-kernel's file-size limit) drops the entry and fails nothing."""
+loaded, the byte bound holds, a full filesystem (a real one: a tiny tmpfs, or the kernel's
+file-size limit) drops the entry and fails nothing, and an entry is loaded or written only
+where reading it is sooner than prefilling it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 from steward.worker import kvstore
-from steward.worker.diskcache import DiskCache, Save
+from steward.worker.diskcache import DiskCache, Save, pays
 from steward.worker.kvindex import BLOCK
 from tests.conftest import until
 from tests.tmpfs import tiny_tmpfs
@@ -135,14 +136,14 @@ def test_a_fault_drops_what_is_not_on_disk_yet(tmp_path: Path) -> None:
     disk = DiskCache(tmp_path, BIG, MODEL)
     cache = kv(len(TOKENS))
     disk.fault()
-    disk._write(Save(0, TOKENS, _host(cache)))  # taken before the fault
+    disk._write(Save(0, TOKENS, _views(cache)))  # taken before the fault
     assert list(tmp_path.iterdir()) == []
 
 
-def _host(cache: list[KVCache]) -> list[kvstore.Array]:
-    from steward.worker.diskcache import _host_copy
+def _views(cache: list[KVCache]) -> list[mx.array]:
+    from steward.worker.diskcache import _views
 
-    arrays = _host_copy(cache, len(TOKENS))
+    arrays = _views(cache, len(TOKENS))
     assert arrays is not None
     return arrays
 
@@ -215,3 +216,24 @@ def test_an_entry_indexed_twice_is_counted_once(tmp_path: Path) -> None:
     size = disk.index.size
     disk.index.add(path.name, TOKENS, path.stat().st_size, 1)  # as the other writer's rename
     assert disk.index.size == size == path.stat().st_size
+
+
+def test_reading_pays_when_it_is_sooner_than_prefilling() -> None:
+    assert pays(10**9, 0.0, 100, 1000.0) and pays(10**9, 1e6, 100, 0.0)  # not measured yet
+    assert pays(10**6, 1e9, 1000, 1e4)  # 1 ms to read, 100 ms to prefill
+    assert not pays(4 * 10**8, 3e8, 12_800, 2e4)  # 1.3 s to read, 0.64 s to prefill
+
+
+def test_the_tier_loads_and_writes_only_where_reading_beats_prefilling(tmp_path: Path) -> None:
+    disk = DiskCache(tmp_path, BIG, MODEL)
+    disk.probe()
+    assert disk.read_bps > 0 and list(tmp_path.iterdir()) == []  # the probe leaves nothing
+    size = saved(disk, TOKENS, kv(len(TOKENS))).stat().st_size
+    prompt = [*TOKENS, 1]
+    sooner_prefilled = 4 * len(TOKENS) * disk.read_bps / size  # tokens/s: a quarter of the read
+    assert disk.fetch(prompt, 0, sooner_prefilled) is None
+    assert disk.fetch(prompt, 0, sooner_prefilled / 16) is not None  # 4x the read
+    never, later = [[i, *TOKENS] for i in (1, 2)]
+    disk.save(never, kv(len(never)), sooner_prefilled * 16)
+    saved(disk, later, kv(len(later)))  # queued after it: written after it would have been
+    assert not (tmp_path / disk.index.name(never)).exists()

@@ -1,0 +1,158 @@
+"""The worker's runtime before its model: MLX's environment, set before mlx is imported; the
+imports and the device, timed as bring-up phases; and what a warm spare does ahead of its
+`Load` without holding the model's memory.
+
+MLX on CUDA compiles its kernels at run time (NVRTC) and keeps them on disk, by default in
+the system's temporary directory (`/tmp/mlx/VERSION/ptx`, mlx/backend/cuda/jit_module.cpp),
+which a reboot empties: a first start then builds every kernel again, most of a first
+bring-up on an H200. Here `MLX_PTX_CACHE_DIR` points into steward's cache directory, under
+MLX's version (as MLX's own default is) and the machine's GPU models: a kept kernel is
+built for one architecture, and a home directory may be shared by machines with others. MLX
+reads the variable when it builds its first kernel; an operator's own setting wins.
+
+A warm spare imports everything the load imports, starts the device (its context, its
+allocator, the BLAS handle), asks the kernel to read the weights' files into the page cache
+and builds the tokenizer: a promotion then costs the weights onto the device, the warm-up of
+shapes and the canary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from steward.model.resolve import cache_dir, is_vision
+from steward.wire.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+NVIDIA = Path("/proc/driver/nvidia/gpus")  # one folder per GPU, its `information` file
+WEIGHTS = ("*.safetensors", "*.gguf")
+
+
+def environment(environ: MutableMapping[str, str]) -> None:
+    """MLX's settings for a worker, unless the operator made them.
+
+    On CUDA, MLX builds a cuDNN attention graph for every new shape: a prefill chunk's
+    every new context length, a batch's every new width (tens to hundreds of ms each, in
+    every first burst and again for each new conversation). Its own kernels need none: on
+    an H200, three new 13k-token prompts prefilled in 1.8-1.9 s without cuDNN against
+    2.4-5.2 s with it (bench/step_phases.py)."""
+    environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
+    environ.setdefault("MLX_PTX_CACHE_DIR", str(kernel_dir(cache_dir(), mlx_version(), gpus())))
+
+
+def kernel_dir(cache: Path, version: str, models: str) -> Path:
+    """Where MLX keeps the kernels it builds: by MLX's version and the GPUs' models."""
+    return cache / "kernels" / f"mlx-{version}" / (models or "any")
+
+
+def mlx_version() -> str:
+    """MLX's version, read without importing it."""
+    try:
+        return importlib.metadata.version("mlx")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def gpus(root: Path = NVIDIA) -> str:
+    """The machine's NVIDIA GPU models as the driver names them, as a file name ('' where
+    it names none: no NVIDIA driver, or a container that does not show it)."""
+    models = set()
+    with contextlib.suppress(OSError):
+        for info in root.glob("*/information"):
+            for line in info.read_text().splitlines():
+                name, _, value = line.partition(":")
+                if name.strip() == "Model":
+                    models.add(value.strip())
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "+".join(sorted(models)))
+
+
+class Phases:
+    """Seconds of each bring-up phase, as `Ready.phases` reports them."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+
+
+def start(phases: Phases) -> None:
+    """The runtime: what the load imports (mlx's own import allocates), then the device."""
+    with phases.timed("imports"):
+        import mlx.core as mx
+        import mlx_lm  # noqa: F401  (its import is most of a worker's start-up)
+
+        import steward.worker.engine  # noqa: F401  (mlx-lm's generator, the grammars)
+    with phases.timed("device"):
+        square = mx.ones((64, 64), mx.bfloat16)
+        mx.eval(square @ square)  # the device's context, its allocator, the BLAS handle
+
+
+def device() -> str:
+    """Where the model runs: "gpu" or "cpu"."""
+    import mlx.core as mx
+
+    return "gpu" if mx.default_device().type == mx.DeviceType.gpu else "cpu"
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a warm spare prepared ahead of its `Load`."""
+
+    model_dir: Path | None = None  # None: nothing prepared
+    tokenizer: Any = None  # a text model's (mlx-lm's TokenizerWrapper)
+
+
+def head_start(settings: WorkerSettings, phases: Phases) -> Head:
+    """A warm spare's preparation: the model's directory found, its weights on their way
+    into the page cache, its backend's modules imported, a text model's tokenizer built.
+    Nothing if any of it fails: the load meets the same problem and reports it."""
+    from steward.model.gguf import materialize
+
+    try:
+        with phases.timed("prefetch"):
+            model_dir = materialize(settings.source)  # imported by the first worker already
+            prefetch(model_dir)
+            if settings.kind == "embedding":
+                import steward.worker.embedding_engine
+
+                return Head(model_dir)
+            if is_vision(model_dir):
+                import steward.worker.vision  # noqa: F401  (mlx-vlm)
+
+                return Head(model_dir)
+            from mlx_lm.utils import load_config, load_tokenizer
+
+            eos = load_config(model_dir).get("eos_token_id")
+            return Head(model_dir, load_tokenizer(model_dir, eos_token_ids=eos))
+    except Exception as exc:
+        log.warning("warm spare: not prepared ahead: %s: %s", type(exc).__name__, exc)
+        return Head()
+
+
+def prefetch(model_dir: Path) -> None:
+    """Ask the kernel to read the weights' files into the page cache, in the background:
+    the load then reads memory, not the disk (no memory of this process is held)."""
+    if not hasattr(os, "posix_fadvise"):  # macOS has none
+        return
+    for path in [f for pattern in WEIGHTS for f in model_dir.glob(pattern)]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
