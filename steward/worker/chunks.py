@@ -35,25 +35,30 @@ class Chunks:
     def __init__(self) -> None:
         self.size = LOW
         self.rate = 0.0  # prompt tokens per second, smoothed
+        self.timed = False  # the rate comes from a step that was not its shape's first
         self._seen = (0, 0.0)  # the generator's counters when last read
 
     def measured(self, generator: Any, timed: bool = True) -> None:
-        """After a step: fold in the chunk it prefilled, if any (`timed`: not the first
-        step of its shape, whose time is mostly kernels being built)."""
+        """After a step: fold in the chunk it prefilled, if any."""
         counters = generator._counters
         tokens, spent = counters.prompt_tokens, counters.prompt_time
         new_tokens, new_time = tokens - self._seen[0], spent - self._seen[1]
         self._seen = (tokens, spent)
-        if timed:
-            self.observe(new_tokens, new_time)
+        self.observe(new_tokens, new_time, timed)
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float, timed: bool = True) -> None:
         """`tokens` prompt tokens prefilled in `seconds` (a batch's chunk, or a request's
-        alone)."""
+        alone). Not `timed`: the first step of its shape, whose time is mostly kernels
+        being built; it only stands in until a timed step comes."""
         if tokens < LOW // 2 or seconds <= 0:  # a prompt's tail: too small to time
             return
         rate = tokens / seconds
-        self.rate = rate if not self.rate else SMOOTHING * rate + (1 - SMOOTHING) * self.rate
+        if not timed:
+            self.rate = self.rate or rate
+            return
+        smoothed = SMOOTHING * rate + (1 - SMOOTHING) * self.rate
+        self.rate = smoothed if self.timed else rate
+        self.timed = True
 
     def planned(self, generator: Any) -> int:
         """The chunk for the prompts that will prefill in the generator's next step."""

@@ -18,9 +18,9 @@ on a probe entry and then on every read), and nothing is written when reading it
 never pay (a GPU that prefills faster than the host reads its KV back). A speed not yet
 measured says "load": a CPU's prefill, slow, is the case the tier is for.
 
-Off the token path: the main thread, which alone runs MLX, only takes views of the arrays
-and evaluates them (the KV is computed already); a writer thread copies them to the host,
-writes, checksums and renames, and evicts the least recently used entries to stay within
+Off the token path: the main thread, which alone runs MLX, only copies the arrays on the
+device (the KV is computed already; a device copy is cheap); a writer thread copies those to
+the host, writes, checksums and renames, and evicts the least recently used entries to stay within
 the byte bound. A full queue drops the save. A write that fails (a full disk: ENOSPC,
 EDQUOT, EFBIG; any OSError) is logged and counted, and the entry dropped: no request ever
 waits for a write or fails by one. Loading is on the request's own prefill path, where it
@@ -61,7 +61,7 @@ from steward.worker.kvindex import Index
 log = logging.getLogger(__name__)
 
 MIN_TOKENS = 512  # a shorter prefix is prefilled again in about the time it takes to load
-QUEUED = 4  # saves waiting for the writer; more are dropped (each holds its KV's arrays)
+QUEUED = 4  # saves waiting for the writer; more are dropped (each holds a copy of its KV)
 PROBE = (16, (1, 8, 1024, 64))  # arrays and shape of the entry the read path is timed on
 SMOOTHING = 0.5  # weight of the newest read in the read speed
 # MLX dtype -> how its bytes are held on the host (numpy has no bfloat16)
@@ -205,10 +205,10 @@ class DiskCache:
             return
         if self.index.name(tokens[:held]) in self.index.files:  # on disk already
             return
-        arrays = _views(cache, held)
+        arrays = _copies(cache, held)
         if arrays is None or not pays(_size(arrays, held), self.read_bps, held, prefill_tps):
             return
-        mx.eval(arrays)  # views of KV computed already: the writer reads them as they are
+        mx.eval(arrays)  # a copy on the device: the writer copies them to the host
         self.queue.put_nowait(Save(self.epoch, tokens[:held], arrays))
 
     def fault(self) -> None:
@@ -286,12 +286,17 @@ def _held(cache: list[Any] | None) -> int:
     return min(c.offset for c in cache)
 
 
-def _views(cache: list[Any], held: int) -> list[mx.array] | None:
-    """The first `held` positions of every layer's keys and values (bfloat16 seen as
-    uint16, which numpy holds), not computed yet; None if a dtype is not stored."""
+def _copies(cache: list[Any], held: int) -> list[mx.array] | None:
+    """The first `held` positions of every layer's keys and values, copied on the device
+    into buffers of their own (bfloat16 seen as uint16, which numpy holds), not computed
+    yet; None if a dtype is not stored. Their own: MLX on CUDA moves a device buffer to
+    host-visible memory when the host reads it, which on the writer's thread must never be
+    a buffer the batch's kernels use (the KV, the memory cache's entries). An arithmetic op
+    never shares a buffer that others hold, as `contiguous` may."""
     arrays = [a[..., :held, :] for c in cache for a in (c.keys, c.values)]
     if any(a.dtype not in HOST for a in arrays):
         return None
+    arrays = [a + 0 for a in arrays]
     return [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a in arrays]
 
 

@@ -354,8 +354,7 @@ class Engine:
             prefill = solo.prefilled - before
             new = self._met((True, 0, 1, solo.prefill_step))
             seconds = time.perf_counter() - started
-            if not new:
-                self.chunks.observe(prefill, seconds)
+            self.chunks.observe(prefill, seconds, timed=not new)
             clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
             return Step(tokens=tokens, done=done, prefilled=[member.req.id], clock=clock)
         token, row = drawn

@@ -54,6 +54,8 @@ def measure(engine: Engine, widths: list[int], deadline: float) -> dict[int, flo
     try:
         for width in widths:
             _grow(engine, width, deadline)
+            if len(engine.generator._generation_batch) < width:
+                break  # out of time before the batch was that wide
             speeds[width] = _speed(engine, width)
             if passed(speeds) or time.perf_counter() > deadline:
                 break  # the widths measured so far are the ones auto picks from
@@ -92,6 +94,8 @@ def shapes(engine: Engine) -> None:
     deadline = time.perf_counter() + SHAPES
     try:
         _grow(engine, engine.max_batch, deadline)
+        for _ in range(2):
+            engine.step()  # the whole width decodes
         _leave(engine, len(engine.members) - DECODING)
         joining = _member(_text(engine, 2 * engine.chunks.size + 1, 0), 2)
         engine.add(joining)
@@ -115,7 +119,10 @@ def _text(engine: Engine, tokens: int, salt: int) -> str:
 
 
 def _grow(engine: Engine, width: int, deadline: float) -> None:
-    """Members join until `width` of them decode (each outlives the warm-up)."""
+    """Members join until `width` of them decode together (each outlives the warm-up; one
+    alone would decode alone, solo.py, which the canary warms)."""
+    if width < 2:
+        return
     lives = engine.backend.context_length // 2
     for i in range(len(engine.members), width):
         engine.add(_member(PROMPT * (1 + i % LENGTHS), lives))

@@ -136,14 +136,14 @@ def test_a_fault_drops_what_is_not_on_disk_yet(tmp_path: Path) -> None:
     disk = DiskCache(tmp_path, BIG, MODEL)
     cache = kv(len(TOKENS))
     disk.fault()
-    disk._write(Save(0, TOKENS, _views(cache)))  # taken before the fault
+    disk._write(Save(0, TOKENS, _copies(cache)))  # taken before the fault
     assert list(tmp_path.iterdir()) == []
 
 
-def _views(cache: list[KVCache]) -> list[mx.array]:
-    from steward.worker.diskcache import _views
+def _copies(cache: list[KVCache]) -> list[mx.array]:
+    from steward.worker.diskcache import _copies
 
-    arrays = _views(cache, len(TOKENS))
+    arrays = _copies(cache, len(TOKENS))
     assert arrays is not None
     return arrays
 
