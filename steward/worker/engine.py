@@ -4,11 +4,10 @@
 prompts that are joining, so a long prompt never freezes the others) and returns one
 `Step`: every member's new token, the members that finished, and the step's own clock
 (`StepClock`: what it was and how long it kept the link silent, which the supervisor bounds
-a silence by). A request that arrives
-at an idle engine runs alone at bare mlx-lm speed (solo.py) until a second one arrives and
-it moves into the batch. Anything raised while a request joins or during a step is a fault
-of the whole batch: `drop_all()` forgets every member, whose KV state is now suspect, and
-the supervisor decides what each request gets.
+a silence by). A request that arrives at an idle engine runs alone at bare mlx-lm speed
+(solo.py) until a second one arrives and it moves into the batch. Anything raised while a
+request joins or during a step is a fault of the whole batch: `drop_all()` forgets every
+member, whose KV state is now suspect, and the supervisor decides what each request gets.
 
 Each member keeps its own sampler (sampling.py), stop strings, `max_tokens`, usage and
 timings. Finished members leave their KV cache to an LRU prompt cache (prompt_cache.py),
@@ -209,7 +208,8 @@ class Engine:
         """Take what the model's first worker measured on this device as if measured here:
         the width, and the prefill speed the chunks are sized by."""
         self.widen(calibration.max_batch)
-        self.chunks.rate = calibration.prefill_tps or self.chunks.rate
+        if calibration.prefill_tps:
+            self.chunks.rate, self.chunks.timed = calibration.prefill_tps, True
         self.chunks.resize(self.generator)
 
     def cancel(self, req_id: int) -> None:
