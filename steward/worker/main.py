@@ -74,6 +74,7 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
 
     threading.Thread(target=_beat, args=(send,), daemon=True, name="heartbeat").start()
     phases = runtime.Phases()
+    runtime.started(phases)
     head = runtime.Head()
     if settings.warm and (head := _wait_warm(channel, send, settings, phases)) is None:
         return

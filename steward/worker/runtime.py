@@ -91,6 +91,17 @@ class Phases:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
 
 
+def started(phases: Phases) -> None:
+    """The `start` phase: from the process's start (the kernel's clock) until now, the
+    interpreter and `spawn`'s bootstrap. Linux only (/proc); elsewhere none."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        phases.seconds["start"] = max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+
+
 def start(phases: Phases) -> None:
     """The runtime: what the load imports (mlx's own import allocates), then the device."""
     with phases.timed("imports"):

@@ -47,7 +47,7 @@ def test_a_worker_given_a_calibration_measures_nothing(tiny_model: Path) -> None
     first, spare = asyncio.run(both(tiny_model, given))
     assert first.device == "cpu"
     assert first.calibration == Calibration(first.max_batch, 0.0, 512)  # no warm-up
-    assert {"imports", "device", "load", "measure"} <= first.phases.keys()
+    assert {"start", "imports", "device", "load", "measure"} <= first.phases.keys()
     assert all(seconds > 0 for seconds in first.phases.values())
     assert spare.calibration == given and spare.max_batch == 5
     assert "measure" not in spare.phases
