@@ -83,6 +83,9 @@ class ModelSeries(Observer):
     def request_quarantined(self) -> None:
         self.at(self.metrics.quarantined).inc()
 
+    def suspicion_judged(self, verdict: str) -> None:
+        self.at(self.metrics.suspicions, verdict).inc()
+
     def gauges(self, snapshot: Snapshot | None, state: str | None) -> None:
         """The scrape-time gauges from the model's supervisor's snapshot (none: unloaded)."""
         m = self.metrics
@@ -151,6 +154,12 @@ class Metrics(ModelSeries):
         )
         self.canaries = Counter(
             "steward_canary_runs_total", "Canary runs by result", [*by, "result"], registry=r
+        )
+        self.suspicions = Counter(
+            "steward_stall_suspicions_total",
+            "Workers suspected of a hang, by verdict: slow (no fault), hung, failed",
+            [*by, "verdict"],
+            registry=r,
         )
         self.state = Gauge(
             "steward_state", "1 for the current state, else 0", [*by, "state"], registry=r

@@ -188,6 +188,8 @@ class Pool:
             self.spawn,
             bring_up_s=slot.load_s,
             quarantine=slot.quarantine,
+            calibration=slot.calibration,
+            unbudgeted=not self.budgeted(),
         )
         supervisor.events.add(self._Watch(self, slot.name))
         for observer in self.observe(slot.name):

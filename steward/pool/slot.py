@@ -1,7 +1,8 @@
 """One configured model's place in the pool: its supervisor while resident, and what
-outlives it (loads, the measured need, the last bring-up's time, a failure, and the
-quarantine: an idle model may be evicted in its restart window, and a payload it refused
-must not get a fresh worker to crash after the reload).
+outlives it (loads, the measured need, the last bring-up's time, what its first worker
+measured on the device, a failure, and the quarantine: an idle model may be evicted in its
+restart window, and a payload it refused must not get a fresh worker to crash after the
+reload).
 
 A slot has at most one supervisor at a time; an evicted supervisor is handed to the pool
 to stop (its memory is counted as freed at once: every load waits for such stops).
@@ -18,6 +19,7 @@ from steward.pool.catalog import ModelEntry
 from steward.pool.snapshot import OF_SUPERVISOR, ModelSnapshot, ModelState
 from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.supervisor import Supervisor
+from steward.wire.protocol import Calibration
 
 
 class Slot:
@@ -41,6 +43,7 @@ class Slot:
         self.context_length: int | None = None
         self.failure: str | None = None
         self.hot = False  # its standby chose a hot spare
+        self.calibration: Calibration | None = None  # what its first worker measured
         self.quarantine = Quarantine(self.config.restart_window)
 
     @property
@@ -102,6 +105,7 @@ class Slot:
         self.measured = snap.model_bytes or self.measured
         self.context_length = snap.context_length or self.context_length
         self.hot = snap.standby.get("mode") == "hot"
+        self.calibration = self.supervisor.bringup.calibration or self.calibration
         if snap.status.serving:
             self.load_s = snap.bring_up_s
 

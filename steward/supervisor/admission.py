@@ -6,6 +6,12 @@ failed, its payload is quarantined, the queue is full, or it cannot fit the cont
 retryable refusal carries a `Retry-After` that is an estimate, not a constant: the time a
 bring-up under way has left, or the time the queue ahead takes to work off at the pace of
 recent completions (`Pace`).
+
+A request that meets a recovery (a start or a replacement under way) waits for it: its
+first turn's `--queue-timeout` counts from the recovery's end when that is within its
+deadline (jobs.py). The end is expected at `OVERRUN` times the model's last measured
+bring-up after it began (a busy machine runs slower than it measured; a bring-up with no
+measure yet, a model's very first, has no expected end), and is known once it happened.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from steward.wire.protocol import Cancel, Generate
 
 if TYPE_CHECKING:
     from steward.supervisor.bringup import BringUp
+
+
+OVERRUN = 2.0  # a recovery is expected within this many times the last measured bring-up
 
 
 class Pace:
@@ -68,6 +77,7 @@ class Admission:
         self.pace = Pace()
         self.state = state
         self.wake = asyncio.Event()  # set when the supervision loop has something to do
+        self.recovered_at = 0.0  # the last start or recovery ended (monotonic)
         self._seq = itertools.count(1)
 
     def submit(
@@ -82,6 +92,7 @@ class Admission:
         if self.scheduler.queue.full():
             raise full(self.scheduler.queue.maxsize, self.retry_after())
         job = Job(request, next(self._seq), request_id, digest, prompt_chars, stream)
+        job.recovery = self.recovery_end
         if error := self.too_long(job):
             raise error
         self.scheduler.enqueue(job)
@@ -106,6 +117,14 @@ class Admission:
         """Why a job is still waiting after --queue-timeout."""
         timeout = self.config.queue_timeout
         return waited(self.state(), timeout, self.faults.last, self.retry_after())
+
+    def recovery_end(self) -> float:
+        """When the start or recovery under way should end, or the last one ended
+        (monotonic; 0.0: none yet)."""
+        bringup = self.bringup
+        if self.state() in (State.STARTING, State.RECOVERING) and bringup.known:
+            return bringup.since + OVERRUN * bringup.seconds
+        return self.recovered_at
 
     def retry_after(self) -> int:
         bringup, queued = self.bringup, len(self.scheduler.queue)

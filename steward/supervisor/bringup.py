@@ -5,7 +5,13 @@ tokens, recorded when the first worker came up. Replacing one is bounded by the 
 intensity (OTP-style): past it, or when a replacement fails to come up twice, the process
 exits 75. The worker replaced is stopped politely when it still answers (Shutdown, then
 SIGKILL after `POLITE` s) and killed at once when it is dead or hung; a hot spare takes over
-first, since it holds its own copy of the model, and the old worker stops meanwhile.
+first, since it holds its own copy of the model, and the old worker stops meanwhile. A
+worker suspected of a hang (failover.py) is not stopped but kept aside for its verdict; it
+holds a copy of the model meanwhile, which `room` counts.
+
+Every later worker of the model (a replacement, a spare) is given what the first one
+measured on the device (`Calibration`: the batch width, the prefill speed and chunk) and
+warms only the shapes. Each bring-up's phases are logged and kept for `/health`.
 """
 
 from __future__ import annotations
@@ -20,15 +26,17 @@ from dataclasses import dataclass
 from steward.config import ServeConfig
 from steward.model.resolve import ModelSource
 from steward.supervisor import canary
+from steward.supervisor.bounds import StepBounds, Work
 from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_TEMPFAIL, Exit
 from steward.supervisor.faults import DEVICE_FAULTS, Fault, FaultClass, Outcome, classify
 from steward.supervisor.intensity import RestartIntensity
 from steward.supervisor.link import FaultError, WorkerLink
+from steward.supervisor.phases import Phases
 from steward.supervisor.speeds import Speeds
 from steward.supervisor.standby import Standby
 from steward.wire.faultspec import FaultSpec
-from steward.wire.protocol import Load, LoadFailed, Ready
+from steward.wire.protocol import Calibration, Load, LoadFailed, Ready
 from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.supervisor")
@@ -49,6 +57,18 @@ class Model:
     dimensions: int = 0  # an embedding model's vectors (0: a generating model)
     model_bytes: int = 0  # the device memory the loaded model takes
     device_bytes: int = 0  # the device's, or its recommended working set where it has one
+    gpu: bool = False  # where it runs
+
+
+@dataclass
+class Aside:
+    """A worker suspected of a hang, kept (not killed) until its verdict (failover.py)."""
+
+    link: WorkerLink
+    fault: Fault  # named; recorded only if the verdict is a fault
+    charge: float  # the restart its failover cost (withdrawn if it was slow)
+    strike: int  # the quarantine's strike of its suspects (likewise)
+    since: float  # its last progress (monotonic): its ceiling counts from here
 
 
 class BringUp:
@@ -58,26 +78,39 @@ class BringUp:
         source: ModelSource,
         specs: list[FaultSpec],
         spawn: Spawn,
+        bounds: StepBounds,
         speeds: Speeds,
         events: Observers,
         record: Callable[[Fault], None],  # a bring-up fault, settled: log and count it
+        unbudgeted: bool = True,  # no pool budget counts this model's copies of the model
     ) -> None:
         self.config = config
         self.source = source
         self.specs = specs
         self.spawn = spawn
+        self.bounds = bounds
         self.speeds = speeds
         self.events = events
         self.record = record
         self.intensity = RestartIntensity(config.max_restarts, config.restart_window)
-        self.standby = Standby(config.standby, self._spawn_spare, self.check, config.load_timeout)
+        self.standby = Standby(
+            config.standby, self._spawn, self.check, config.load_timeout, unbudgeted
+        )
         self.model = Model()
         self.link: WorkerLink | None = None  # the serving worker's line
+        self.asides: list[Aside] = []  # suspects awaiting their verdict
         self.golden: tuple[float, ...] | None = None  # the canary's tokens, or its vector
+        self.calibration: Calibration | None = None  # what the model's first worker measured
         self.generation = 0  # workers started so far, spares included
         self.seconds = 10.0  # the last bring-up, until measured: a guess for Retry-After
+        self.known = False  # `seconds` was measured (here, or by an earlier load of the model)
         self.since = time.monotonic()  # the bring-up under way began
+        self.phases: dict[str, float] = {}  # the serving worker's bring-up
         self._retiring: set[asyncio.Task[None]] = set()
+
+    def measured(self, seconds: float) -> None:
+        """An earlier load of the model took `seconds` to come up."""
+        self.seconds, self.known = seconds, True
 
     async def first(self) -> None:
         """The first worker, or its replacement if it cannot come up."""
@@ -89,10 +122,8 @@ class BringUp:
         restart intensity (a promotion counts as a restart)."""
         old, self.link = self.link, None
         self.since = time.monotonic()
-        if old is not None and self.standby.mode == "hot":  # the spare holds its own copy
-            task = asyncio.ensure_future(self.retire(old, fault))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+        if old is not None and self.standby.holding:  # the spare holds its own copy
+            self.retire_later(old, fault)
         elif old is not None:
             await self.retire(old, fault)  # its memory is wanted for the next copy
         for _attempt in range(2):
@@ -108,16 +139,52 @@ class BringUp:
                 return Outcome.REPLACED
         raise Exit(EX_TEMPFAIL, "a replacement worker failed to come up twice")
 
+    async def fail_over(self, fault: Fault) -> float | None:
+        """A hot spare serves in place of the worker suspected of a hang, which is kept
+        aside; the restart this costs (to withdraw if the suspect was slow), or None when
+        no spare could take over after all (it died just now)."""
+        charge = self.intensity.charge()
+        if charge is None:
+            raise Exit(EX_TEMPFAIL, f"more than {self.config.max_restarts} restarts")
+        old, self.link = self.link, None
+        self.since = time.monotonic()
+        if not await self._promote(fault):
+            self.intensity.withdraw(charge)
+            self.link = old
+            return None
+        assert old is not None
+        return charge
+
+    def room(self) -> bool:
+        """Another copy of the model fits beside those held now: the serving worker's, the
+        suspects' aside, a spare's that holds the model (two where the standby's memory
+        rule allows two, else one)."""
+        held = 1 + len(self.asides) + self.standby.holding
+        return held < (2 if self.standby.two_fit else 1)
+
+    def refill(self) -> None:
+        self.standby.refill(self.room())
+
+    def retire_later(self, link: WorkerLink, fault: Fault | None) -> None:
+        """Retire a worker while the loop goes on (its memory is not wanted now)."""
+        task = asyncio.ensure_future(self.retire(link, fault))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
     async def retire(self, link: WorkerLink, fault: Fault | None) -> None:
-        """Stop a worker that is being replaced: politely if it still answers."""
-        if fault is None or fault.cls in HUNG or not link.alive:
+        """Stop a worker that is being replaced (`fault`: why, None for a worker that
+        did nothing wrong): politely if it still answers."""
+        if (fault is not None and fault.cls in HUNG) or not link.alive:
             await link.kill()
         else:
             await link.stop(POLITE)
 
     async def close(self) -> None:
-        """No worker may outlive the front: the serving one, the spare, those retiring."""
+        """No worker may outlive the front: the serving one, the spare, those aside, those
+        retiring."""
         await self.standby.close()
+        for aside in self.asides:
+            await aside.link.kill()
         for task in list(self._retiring):
             await task
         if self.link is not None:
@@ -131,15 +198,15 @@ class BringUp:
         dimensions = self.model.dimensions
         try:
             if dimensions:
-                answer, done = await canary.embed(link, self.speeds.deadline, dimensions)
+                answer, done = await canary.embed(link, self._canary_bound, dimensions)
             else:
-                answer, done = await canary.run(link, self.speeds.deadline)
+                answer, done = await canary.run(link, self._canary_bound)
         except FaultError as err:
             self.events.canary_ran(False, time.monotonic() - started)
             return err.fault
         seconds = time.monotonic() - started
         self.events.canary_ran(canary.same(answer, self.golden or answer), seconds)
-        self.speeds.canary(done, seconds)
+        self.speeds.canary(done)
         shown = list(answer[: canary.MAX_TOKENS])  # a vector's first values
         if self.golden is None:
             self.golden = answer
@@ -148,6 +215,15 @@ class BringUp:
             golden = list(self.golden[: canary.MAX_TOKENS])
             return canary.mismatch(link, f"canary {shown} differs from {golden}")
         return None
+
+    def _canary_bound(self, prefill: int) -> float:
+        """The canary runs alone: its prompt, then one member decoding."""
+        return self.bounds.allowed(Work(1, (prefill,) if prefill else ()))
+
+    async def _spawn(self, warm: bool) -> WorkerLink:
+        link = await self.spawn(self._settings(warm))
+        link.clocks = self.bounds.measured
+        return link
 
     def _settings(self, warm: bool) -> WorkerSettings:
         self.generation += 1
@@ -164,18 +240,18 @@ class BringUp:
             self.config.max_embedding_tokens,
             prompt_cache_dir=self.config.prompt_cache_dir,
             prompt_cache_disk_bytes=self.config.prompt_cache_disk_bytes,
+            calibration=self.calibration,
         )
-
-    async def _spawn_spare(self, warm: bool) -> WorkerLink:
-        return await self.spawn(self._settings(warm))
 
     async def _start_worker(self) -> bool:
         """Spawn, load, canary. False (fault recorded) when this worker cannot serve."""
         self.since = time.monotonic()
-        self.link = link = await self.spawn(self._settings(warm=False))
+        phases = Phases()
+        self.link = link = await self._spawn(warm=False)
+        phases.lap("spawn")
         log.info("worker %d started (pid %d)", link.generation, link.pid)
         self.events.worker_started(link.generation)
-        return await self._bring_up(link, load=True, check=True)
+        return await self._bring_up(link, phases, load=True, check=True)
 
     async def _promote(self, fault: Fault | None) -> bool:
         """The spare serves: a warm one loads the model first; a hot one runs the canary
@@ -187,12 +263,15 @@ class BringUp:
         self.link = link
         log.info("promoting the %s spare (worker %d)", "warm" if warm else "hot", link.generation)
         self.events.worker_started(link.generation)
+        phases = Phases()
         if warm:
             link.send(Load())
+        else:
+            phases.seconds = dict(self.standby.phases)  # its bring-up was a spare's
         device = fault is not None and fault.cls in DEVICE_FAULTS
-        return await self._bring_up(link, load=warm, check=warm or device)
+        return await self._bring_up(link, phases, load=warm, check=warm or device)
 
-    async def _bring_up(self, link: WorkerLink, load: bool, check: bool) -> bool:
+    async def _bring_up(self, link: WorkerLink, phases: Phases, load: bool, check: bool) -> bool:
         """Its model loaded, its canary passed: False (fault recorded) if it cannot serve."""
         try:
             if load:
@@ -203,17 +282,21 @@ class BringUp:
                     fault = link.fault(classify(msg.message), msg.message, msg.traceback)
                     raise FaultError(fault)
                 assert isinstance(msg, Ready)
+                phases.ready(msg.phases)
                 self._adopt(msg)
-            if check and (failure := await self.check(link)) is not None:
-                raise FaultError(failure)
+            if check:
+                if (failure := await self.check(link)) is not None:
+                    raise FaultError(failure)
+                phases.lap("canary")
         except FaultError as err:
             err.fault.settle(Outcome.DISCARDED, "worker discarded (failed to come up)")
             self.record(err.fault)
             await link.kill()
             self.link = None
             return False
-        self.seconds = time.monotonic() - self.since
-        log.info("worker %d ready in %.2f s", link.generation, self.seconds)
+        self.measured(time.monotonic() - self.since)
+        self.phases = phases.seconds
+        log.info("worker %d ready in %.2f s (%s)", link.generation, self.seconds, phases.text())
         return True
 
     def _adopt(self, msg: Ready) -> None:
@@ -227,7 +310,9 @@ class BringUp:
             msg.dimensions,
             model_bytes=msg.model_bytes,
             device_bytes=device,
+            gpu=msg.device == "gpu",
         )
-        self.speeds.loaded(msg.load_seconds)
-        if self.golden is None:  # the first worker: the standby is chosen once
-            self.standby.choose(msg.model_bytes, device)
+        self.bounds.device(self.model.gpu)
+        if self.golden is None:  # the first worker: the standby is chosen once, and what
+            self.standby.choose(msg.model_bytes, device)  # it measured serves every later one
+            self.calibration = msg.calibration

@@ -26,7 +26,7 @@ from steward.supervisor.recovery import Plan
 from steward.supervisor.scheduler import Scheduler
 from steward.supervisor.speeds import Speeds
 from steward.wire.faultspec import FaultSpec, Periods
-from steward.wire.protocol import Cancel, Done, Rejected, prompt_text
+from steward.wire.protocol import Cancel, Done, Rejected, Token, prompt_text
 
 log = logging.getLogger("steward.supervisor")
 
@@ -75,6 +75,18 @@ class Dispatcher:
         for job in self.scheduler.unfinished():
             if job.digest in digests and not job.running:
                 self._refuse(job)
+
+    def token(self, job: Job, token: Token) -> None:
+        """A token of the job (on the token path). Its first says its prompt went through:
+        the bound on the worker's silence narrows, so the loop looks again."""
+        job.add(token)
+        if job.fresh == 1:
+            self.admission.wake.set()
+
+    def admitted(self, job: Job, prefill: int) -> None:
+        """The worker took the job in: its prefill is known, and with it the bound."""
+        job.admitted(prefill)
+        self.admission.wake.set()
 
     def finished(self, job: Job, result: Done | Rejected) -> None:
         """The worker's last word on a job (on the token path: quick, never raises out)."""
@@ -133,7 +145,11 @@ class Dispatcher:
                 self.busy_since = time.monotonic()
             self.scheduler.started(job)
             finished = functools.partial(self.finished, job)
-            link.start(job.message(), Sink(job.add, finished, job.admitted))
+            token, admitted = (
+                functools.partial(self.token, job),
+                functools.partial(self.admitted, job),
+            )
+            link.start(job.message(), Sink(token, finished, admitted))
         except Exception as exc:
             log.error(
                 "bug in steward while starting request %s; it alone fails",

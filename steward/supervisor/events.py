@@ -39,6 +39,9 @@ class Observer:
     def request_quarantined(self) -> None:
         """A request was refused as quarantined (first time or a twin)."""
 
+    def suspicion_judged(self, verdict: str) -> None:
+        """A worker suspected of a hang proved `slow`, `hung`, or `failed`."""
+
 
 class Observers(Observer):
     """Fans each call out to every observer, isolating their failures."""
@@ -73,3 +76,6 @@ class Observers(Observer):
 
     def request_quarantined(self) -> None:
         self._each("request_quarantined")
+
+    def suspicion_judged(self, verdict: str) -> None:
+        self._each("suspicion_judged", verdict)

@@ -7,6 +7,7 @@ A class decides the first response (SPEC §3): `oom` and the backend errors get 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import signal
@@ -159,21 +160,29 @@ def log_fault(fault: Fault) -> None:
 
 
 class FaultLog:
-    """Every fault, numbered once (`f-N`) as it is first recorded; the recent ones kept."""
+    """Every fault, numbered (`f-N`, one by one) as it is first named, counted once it is
+    recorded; the recent ones kept. A suspected hang is named when a spare takes over (its
+    clients' errors may name it) and recorded only if its verdict is a fault: a worker that
+    was slow, not hung, leaves its number unused and nothing counted."""
 
     def __init__(self, events: Observer) -> None:
         self.events = events
         self.recent: deque[Fault] = deque(maxlen=64)
         self.total = 0
+        self._ids = itertools.count(1)
 
     @property
     def last(self) -> Fault | None:
         return self.recent[-1] if self.recent else None
 
+    def name(self, fault: Fault) -> None:
+        if not fault.id:
+            fault.id = f"f-{next(self._ids)}"
+
     def record(self, fault: Fault) -> None:
+        self.name(fault)
         if fault not in self.recent:
             self.total += 1
-            fault.id = f"f-{self.total}"
             self.recent.append(fault)
 
     def settle(self, fault: Fault) -> None:

@@ -24,7 +24,21 @@ class RestartIntensity:
 
     def allow(self) -> bool:
         """Record one restart; False when it would exceed the intensity."""
+        return self.charge() is not None
+
+    def charge(self) -> float | None:
+        """Record one restart and return its record (for `withdraw`), or None when it would
+        exceed the intensity."""
         if self.in_window() >= self.max_restarts:
-            return False
+            return None
         self._restarts.append(time.monotonic())
-        return True
+        return self._restarts[-1]
+
+    def affordable(self) -> bool:
+        """Another restart is within the intensity now."""
+        return self.in_window() < self.max_restarts
+
+    def withdraw(self, charged: float) -> None:
+        """A restart that proved needless (a suspect that was slow, not hung) is no restart."""
+        if charged in self._restarts:
+            self._restarts.remove(charged)

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -61,6 +61,8 @@ class Job:
     logprobs: list[Logprob] = field(default_factory=list)  # when asked for
     calls: list[CallDelta] = field(default_factory=list)  # tool calls, in parts
     armed: list[int] = field(default_factory=list)  # periodic fault injection (SPEC §6)
+    # when the recovery under way should end, or the last one ended (monotonic; 0: none)
+    recovery: Callable[[], float] = lambda: 0.0
 
     def message(self) -> Generate | Embed:
         """What the worker gets; a stream the client already reads resumes after the
@@ -100,13 +102,18 @@ class Job:
 
     def waits_until(self, queue_timeout: float, deadline: float) -> float:
         """When waiting for it ends (the request's `deadline` at the latest).
-        `--queue-timeout` bounds the wait for a first turn; a job the server has started is
-        owed its answer, so a fault that sends it back to wait (for a replacement worker,
-        which on a GPU takes a load and a warm-up, or for its probation group) leaves it
-        bounded by its deadline alone."""
+        `--queue-timeout` bounds the wait for a first turn, from when it was queued, or from
+        the end of a recovery that it met (expected, while one is under way) when that end
+        is within its deadline: no request is refused because a recovery it can wait for is
+        slow. A job the server has started is owed its answer, so a fault that sends it back
+        to wait (for a replacement worker, which on a GPU takes a load and a warm-up, or for
+        its probation group) leaves it bounded by its deadline alone."""
         if self.running or self.finished or self.attempts:
             return deadline
-        return min(self.queued_at + queue_timeout, deadline)
+        start = self.queued_at
+        if start < (end := self.recovery()) < deadline:
+            start = end
+        return min(start + queue_timeout, deadline)
 
     @property
     def running(self) -> bool:

@@ -7,7 +7,9 @@ loop above only decides: what to start next, and what to do about a fault.
 
 Everything that can go wrong on the line resolves `failure` with a classified `Fault`: a
 `Failed` message (classified from its text), EOF (`worker_crash`, with how it died). Silence
-(`stall`) is the loop's to judge, from `progress` and `heartbeat`.
+(`stall`) is the loop's to judge, from `progress` and `heartbeat`; each step's clock goes to
+`clocks` (the model's stall bounds), and `stepped()` is how a suspected worker's verdict
+waits for its next step.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from steward.wire.protocol import (
     Ready,
     Rejected,
     Step,
+    StepClock,
     Token,
     ToWorker,
     Warm,
@@ -59,7 +62,10 @@ class WorkerLink:
         self.worker = worker
         self.generation = generation
         self.heartbeat = self.progress = time.monotonic()
+        self.last_step = 0.0  # when its last Step came (monotonic; 0: none yet)
+        self.clocks: Callable[[StepClock], None] = lambda clock: None
         self.sinks: dict[int, Sink] = {}
+        self._stepped: list[asyncio.Future[None]] = []
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
         self._crashed: Fault | None = None
         self._bug: Exception | None = None
@@ -111,8 +117,11 @@ class WorkerLink:
             raise FaultError(await self.failure)
         return msg
 
-    def silent_for(self) -> float:
-        return time.monotonic() - self.heartbeat
+    def stepped(self) -> asyncio.Future[None]:
+        """Resolved when the next Step comes: the worker made progress."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stepped.append(future)
+        return future
 
     async def kill(self) -> None:
         await self.worker.kill()
@@ -133,6 +142,7 @@ class WorkerLink:
                     continue
                 self.progress = now
                 if isinstance(msg, Step):
+                    self._stepped_now(now, msg.clock)
                     self._route(msg)
                 elif isinstance(msg, Rejected):
                     self._finish(msg)
@@ -152,6 +162,15 @@ class WorkerLink:
             self._bug = exc  # kept: `rearm` raises it too, so the loop ends (exit 70)
             if not self.failure.done():
                 self.failure.set_exception(exc)
+
+    def _stepped_now(self, now: float, clock: StepClock | None) -> None:
+        self.last_step = now
+        if clock is not None:
+            self.clocks(clock)
+        waiting, self._stepped = self._stepped, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
 
     def _route(self, step: Step) -> None:
         for admitted in step.admitted:

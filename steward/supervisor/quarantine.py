@@ -8,7 +8,9 @@ flight at that fault has finished since (acquitted); a fault with two unresolved
 names neither. A payload named by `NAMED` faults within the window is quarantined; one copy
 that finishes clears every strike it had. Only the order of faults and acquittals decides
 (they are numbered as they happen), never how far apart they fell; the window only expires
-old records.
+old records. A suspected hang strikes at once (its suspects run again on the spare, and a
+poison that hangs every worker must still be named); if the suspect proves slow, not hung,
+its strike is withdrawn, and a quarantine that rested on it is lifted.
 """
 
 from __future__ import annotations
@@ -38,10 +40,23 @@ class Quarantine:
         self._acquitted: dict[str, int] = {}  # digest -> order of its last finished copy
         self._until: dict[str, float] = {}  # quarantined digest -> monotonic end
 
-    def fault(self, digests: Iterable[str]) -> list[str]:
-        """A fault struck with these payloads in flight: the payloads it quarantines."""
-        self._faults.append(_Fault(next(self._order), time.monotonic(), frozenset(digests)))
-        return self._convict()
+    def fault(self, digests: Iterable[str]) -> int:
+        """A fault struck with these payloads in flight: its strike (for `withdraw`). The
+        payloads it quarantines are `blocked` from now on."""
+        strike = next(self._order)
+        self._faults.append(_Fault(strike, time.monotonic(), frozenset(digests)))
+        self._convict()
+        return strike
+
+    def withdraw(self, strike: int) -> None:
+        """That fault was none (a slow worker, not a hung one): it names no payload, and a
+        payload it helped quarantine is free again unless the other faults still name it."""
+        withdrawn = [f for f in self._faults if f.order == strike]
+        self._faults = deque((f for f in self._faults if f.order != strike), MAX_TRACKED)
+        for fault in withdrawn:
+            for digest in fault.digests & self._until.keys():
+                if self.named(digest) < NAMED:
+                    del self._until[digest]
 
     def acquit(self, digest: str) -> list[str]:
         """A copy of `digest` finished: its strikes are cleared, and the earlier faults it

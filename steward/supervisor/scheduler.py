@@ -49,6 +49,13 @@ class Scheduler:
         """Suspects of a fault still wait for their group, or a group runs."""
         return bool(self.probation) or self.group is not None
 
+    @property
+    def resumed(self) -> bool:
+        """The probation group running has progressed again: each of its members has a
+        token of this attempt, or has ended."""
+        group = self.group
+        return group is not None and all(j.started or j.status.ended for j in group)
+
     def unfinished(self) -> list[Job]:
         """Every job not ended: running, suspects of a fault being handled, on probation,
         queued."""

@@ -6,7 +6,7 @@ its insides can change without breaking them, and one answer never mixes two mom
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from steward.supervisor.state import State
@@ -37,6 +37,8 @@ class Snapshot:
     uptime_s: float
     model_bytes: int = 0  # what the serving worker measured its model takes (0: not yet)
     device_bytes: int = 0  # the device's memory, or its recommended working set (0: unknown)
+    phases: dict[str, float] = field(default_factory=dict)  # the serving worker's bring-up
+    suspects: list[dict[str, object]] = field(default_factory=list)  # workers aside
 
     def health(self) -> dict[str, Any]:
         """The SPEC §2 body, and what else an operator wants at a glance."""
@@ -50,7 +52,9 @@ class Snapshot:
                 "started": self.workers_started,
                 "alive": self.worker_alive,
                 "bring_up_s": round(self.bring_up_s, 3),
+                "phases": self.phases,
             },
+            "suspects": self.suspects,
             "faults": {"total": self.faults_total, "last": self.last_fault},
             "restarts_in_window": self.restarts_in_window,
             "queue_depth": self.queue_depth,

@@ -1,12 +1,14 @@
 """The supervisor: one task that watches the worker and carries out every decision.
 
 The loop only decides and acts: start queued jobs while the batch has room (scheduler.py),
-and when the worker's line reports a fault or falls silent for longer than its measured
-speeds allow (speeds.py), classify it (faults.py), canary or replace the worker
-(bringup.py), then carry out the plan that the pure decisions make for every job that was
-in flight (recovery.py, groups.py, quarantine.py). Tokens never pass through this loop: the
-worker's line routes them to their jobs (link.py). HTTP handlers only `submit` and `cancel`
-jobs; health and metrics read `snapshot()`.
+and when the worker's line reports a fault, classify it (faults.py), canary or replace the
+worker (bringup.py), then carry out the plan that the pure decisions make for every job that
+was in flight (recovery.py, groups.py, quarantine.py). A worker silent past the bound its
+own step clock sets (bounds.py, silence.py) is suspected of a hang, and failed over as the
+cost allows, its verdict left to the evidence (failover.py, suspicions.py). The loop sleeps
+until the next thing to decide, a silence's bound included. Tokens never pass through this
+loop: the worker's line routes them to their jobs (link.py). HTTP handlers only `submit`
+and `cancel` jobs; health and metrics read `snapshot()`.
 
 The loop must never die silently (the field report's zombie, made by steward itself): a
 bug met while starting one job fails that job alone (500 `internal_error`) and the loop
@@ -24,21 +26,27 @@ from steward.config import ServeConfig
 from steward.model.resolve import ModelSource, is_vision
 from steward.supervisor import admission, recovery
 from steward.supervisor.admission import Admission
+from steward.supervisor.bounds import StepBounds
 from steward.supervisor.bringup import BringUp, Spawn
 from steward.supervisor.dispatch import Dispatcher
 from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, Exit
-from steward.supervisor.faults import Fault, FaultLog, Outcome
+from steward.supervisor.faults import Fault, FaultClass, FaultLog, Outcome
+from steward.supervisor.jobs import Job
 from steward.supervisor.link import WorkerLink
 from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.scheduler import Scheduler
+from steward.supervisor.silence import Judged, silence
 from steward.supervisor.snapshot import Snapshot
 from steward.supervisor.speeds import Speeds
 from steward.supervisor.state import State
+from steward.supervisor.suspicions import Suspicions
 from steward.wire.faultspec import FaultSpec
-from steward.wire.protocol import Cancel
+from steward.wire.protocol import Calibration, Cancel
 
 log = logging.getLogger("steward.supervisor")
+
+TICK = 0.5  # seconds the loop sleeps at most: a fault leaving the restart window, and such
 
 
 class Supervisor:
@@ -50,6 +58,8 @@ class Supervisor:
         spawn: Spawn = WorkerLink.spawn,  # tests of the decisions pass a fake worker line
         bring_up_s: float | None = None,  # the model's last bring-up: Retry-After's guess
         quarantine: Quarantine | None = None,  # the model's, kept across loads (pool/slot.py)
+        calibration: Calibration | None = None,  # what an earlier load of the model measured
+        unbudgeted: bool = True,  # no pool's memory budget counts this model's copies
     ):
         self.config = config
         self.source = source
@@ -57,14 +67,24 @@ class Supervisor:
         self.state = State.STARTING
         self.events = Observers()
         self.faults = FaultLog(self.events)
-        self.speeds = Speeds(config.stall_timeout)
+        self.bounds = StepBounds(config.stall_timeout)
+        self.speeds = Speeds()
         self.quarantine = Quarantine(config.restart_window) if quarantine is None else quarantine
         self.scheduler = Scheduler(config.max_batch, config.queue_size, config.restart_window)
         self.bringup = BringUp(
-            config, source, faults, spawn, self.speeds, self.events, self.faults.settle
+            config,
+            source,
+            faults,
+            spawn,
+            self.bounds,
+            self.speeds,
+            self.events,
+            self.faults.settle,
+            unbudgeted,
         )
+        self.bringup.calibration = calibration
         if bring_up_s is not None:
-            self.bringup.seconds = bring_up_s
+            self.bringup.measured(bring_up_s)
         self.admission = Admission(
             config,
             self.scheduler,
@@ -84,6 +104,7 @@ class Supervisor:
             self.events,
             self.admission,
         )
+        self.suspicions = Suspicions(self)
         # the HTTP side: handlers only submit and cancel jobs
         self.submit, self.cancel = self.admission.submit, self.admission.cancel
         self.queue_error, self.retry_after = self.admission.waited, self.admission.retry_after
@@ -125,6 +146,8 @@ class Supervisor:
             time.time() - self.started_at,
             self.bringup.model.model_bytes,
             self.bringup.model.device_bytes,
+            dict(self.bringup.phases),
+            self.suspicions.summary(),
         )
 
     # -- the loop ---------------------------------------------------------------------
@@ -147,16 +170,16 @@ class Supervisor:
         """Supervise until stopped; on unrecoverable failure, resolve `exit_code`."""
         try:
             await self.bringup.first()
-            self._serving()
+            self.serving()
             while True:
                 assert self.link is not None
                 self.jobs.start_next(self.link)
-                if not self.scheduler.replaying:  # a spare starting slows a replay
-                    self.bringup.standby.refill()
+                if self._spare_may_start():
+                    self.bringup.refill()
                 await self._watch()
         except Exit as exc:
             state = State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING
-            self._set_state(state, f"exit {exc.code}: {exc.reason}")
+            self.set_state(state, f"exit {exc.code}: {exc.reason}")
             log.critical("exiting %d: %s", exc.code, exc.reason)
             failed = exc.code == EX_TEMPFAIL
             for job in self.scheduler.drain():
@@ -170,7 +193,7 @@ class Supervisor:
                 self.exit_code.set_result(exc.code)
         except Exception:
             log.critical("the supervision loop ended on a bug in steward", exc_info=True)
-            self._set_state(State.FAILED, "a bug in steward ended the supervision loop")
+            self.set_state(State.FAILED, "a bug in steward ended the supervision loop")
             if self.jobs.current is not None:
                 self.jobs.current.push(admission.bug("the supervision loop ended"))
             for job in self.scheduler.drain():
@@ -186,7 +209,7 @@ class Supervisor:
     async def stop(self, drain_timeout: float, cut: asyncio.Event) -> None:
         """Drain: refuse new work, let queued and running jobs finish (until the timeout, or
         until `cut` is set by a second signal), then stop the worker."""
-        self._set_state(State.STOPPING, "draining")
+        self.set_state(State.STOPPING, "draining")
         deadline = time.monotonic() + drain_timeout
         started = self._task is not None  # else nothing would ever run what it holds
         while started and self.scheduler.unfinished() and time.monotonic() < deadline:
@@ -199,6 +222,7 @@ class Supervisor:
             job.push(admission.shutdown())
         if self._task is not None:  # never started: a model unloaded before its load began
             self._task.cancel()  # a worker exiting on request is no fault
+        await self.suspicions.close()  # a suspect has nothing to finish
         await self.bringup.standby.close()
         if self.link is not None:
             await self.link.stop(timeout=5.0)
@@ -208,49 +232,59 @@ class Supervisor:
         answer: after a drain there is none; when the process exits on another model's
         failure, this model's are told it is exiting (a retryable 503)."""
         if self.alive():  # a loop that ended stays `failed`
-            self._set_state(State.STOPPING, "closing")
+            self.set_state(State.STOPPING, "closing")
         for job in self.scheduler.drain():
             job.push(admission.exiting(None, self.retry_after()))
         if self._task is not None:
             self._task.cancel()
+        await self.suspicions.close()
         await self.bringup.close()
 
+    def _spare_may_start(self) -> bool:
+        """A spare's bring-up no longer slows the replay of a fault's suspects. On a CPU it
+        would until the replay is over: its imports, load and canary take the cores the
+        replay decodes on. On a GPU, once the suspects running again have resumed: the gap
+        clients see is their prefill, and the spare's start and load run on the host (its
+        short warm-up of shapes and canary are all it asks of the device)."""
+        scheduler = self.scheduler
+        return not scheduler.replaying or (self.bringup.model.gpu and scheduler.resumed)
+
     async def _watch(self) -> None:
-        """Wait for something to decide: work, a job's end, a fault, or silence."""
+        """Wait for something to decide: work, a job's end, a fault, or a silence's bound."""
         link = self.link
         assert link is not None
+        quiet = silence(link, self.scheduler.running.values(), self.jobs.busy_since, self.bounds)
         self.admission.wake.clear()
         woken = asyncio.ensure_future(self.admission.wake.wait())
+        timeout = min(TICK, max(0.0, quiet.deadline - time.monotonic()))
         try:
-            await asyncio.wait({woken, link.failure}, timeout=0.5, return_when="FIRST_COMPLETED")
+            await asyncio.wait(
+                {woken, link.failure}, timeout=timeout, return_when="FIRST_COMPLETED"
+            )
         finally:
             woken.cancel()
         if link.failure.done():
-            await self._recover(link.failure.result())
-        elif stall := self.speeds.stalled(
-            link, self.scheduler.running.values(), self.jobs.busy_since
-        ):
-            await self._recover(stall)
+            await self.recover(link.failure.result())
+            return
+        quiet = silence(link, self.scheduler.running.values(), self.jobs.busy_since, self.bounds)
+        judged = quiet.judge(link.heartbeat)
+        if judged is Judged.HUNG:
+            await self.recover(link.fault(FaultClass.STALL, quiet.message()))
+        elif judged is Judged.SUSPECT:
+            await self.suspicions.suspect(link.fault(FaultClass.STALL, quiet.message()), quiet)
         elif self.state.serving:
-            self._serving()  # a fault leaving the restart window ends `degraded`
+            self.serving()  # a fault leaving the restart window ends `degraded`
 
     # -- faults and recovery ----------------------------------------------------------
 
-    async def _recover(self, fault: Fault) -> None:
+    async def recover(self, fault: Fault) -> None:
         """Decide and act: keep the worker (canary passed) or replace it; then carry out
         the plan for every job that was in flight."""
         link = self.link
         assert link is not None
-        suspects, regroup = self.scheduler.fault()
-        link.sinks.clear()
         link.rearm()
-        for job in suspects:  # a kept worker may have taken some in after the fault
-            link.send(Cancel(job.id))
-        if len(suspects) == 1:
-            fault.request_id = suspects[0].request_id
         self.faults.record(fault)
-        self._set_state(State.RECOVERING, f"fault {fault.id} ({fault.cls})")
-        self.bringup.since = time.monotonic()
+        suspects, regroup = self.seize(fault)
         self.quarantine.fault(job.digest for job in suspects)
         passed, verdict = None, ""
         if recovery.needs_canary(fault.cls):
@@ -270,37 +304,63 @@ class Supervisor:
                 generation = self.link.generation if self.link else 0
                 fault.settle(outcome, verdict + f"{how} (generation {generation})")
         except Exit as exc:
-            fault.settle(Outcome.EXIT, verdict + f"exit {exc.code}")
-            for job in suspects:
-                self.jobs.end(job, admission.exiting(fault, self.retry_after()))
-            self.faults.settle(fault)
+            self.give_up(fault, suspects, verdict + f"exit {exc.code}")
             raise
-        kept = passed is True
+        self.plan(fault, suspects, regroup, kept=passed is True)
+        self.faults.settle(fault)
+
+    def seize(self, fault: Fault) -> tuple[list[Job], bool]:
+        """The batch faulted: its members are suspects now, off the serving worker."""
+        link = self.link
+        assert link is not None
+        suspects, regroup = self.scheduler.fault()
+        link.sinks.clear()
+        for job in suspects:  # a kept worker may have taken some in after the fault
+            link.send(Cancel(job.id))
+        if len(suspects) == 1:
+            fault.request_id = suspects[0].request_id
+        self.set_state(State.RECOVERING, f"fault {fault.id} ({fault.cls})")
+        self.bringup.since = time.monotonic()
+        return suspects, regroup
+
+    def plan(self, fault: Fault, suspects: list[Job], regroup: bool, kept: bool) -> None:
+        """What each suspect gets now that a worker serves again (recovery.py)."""
         intensity = self.bringup.intensity
         affordable = None if kept else max(0, self.config.max_restarts - intensity.in_window())
         convicted = {j.digest for j in suspects if self.quarantine.blocked(j.digest)}
         plan = recovery.suspects(suspects, fault.cls, kept, regroup, convicted, affordable)
         self.jobs.carry_out(plan, fault)
-        self._serving()
+        self.serving()
         fault.recovery_s = round(time.monotonic() - fault.detected, 3)
+
+    def give_up(self, fault: Fault, suspects: list[Job], action: str) -> None:
+        """No worker will serve: the suspects are told the process exits."""
+        fault.settle(Outcome.EXIT, action)
+        for job in suspects:
+            self.jobs.end(job, admission.exiting(fault, self.retry_after()))
         self.faults.settle(fault)
 
     # -- state --------------------------------------------------------------------------
 
-    def _serving(self) -> None:
-        """Serving: `degraded` while a fault is within the restart window or decode is slow."""
+    def serving(self) -> None:
+        """Serving: `degraded` while a fault is within the restart window, a suspect awaits
+        its verdict, or decode is slow."""
         self.scheduler.worker_max = self.bringup.model.max_batch or self.scheduler.worker_max
         last = self.faults.last
         if last and time.time() - last.at < self.config.restart_window:
-            self._set_state(State.DEGRADED, f"fault {last.id} ({last.cls}) in the restart window")
+            self.set_state(State.DEGRADED, f"fault {last.id} ({last.cls}) in the restart window")
+        elif aside := self.suspicions.pending():
+            self.set_state(State.DEGRADED, aside)
         elif slow := self.speeds.slow():
-            self._set_state(State.DEGRADED, slow)
+            self.set_state(State.DEGRADED, slow)
         else:
-            self._set_state(State.READY, f"serving on worker {self.bringup.generation}")
+            self.set_state(State.READY, f"serving on worker {self.bringup.generation}")
 
-    def _set_state(self, state: State, reason: str) -> None:
+    def set_state(self, state: State, reason: str) -> None:
         old = self.state
         if state is not old and old is not State.STOPPING:
             log.info("state %s -> %s: %s", old, state, reason)
+            if state.serving and not old.serving:
+                self.admission.recovered_at = time.monotonic()
             self.state = state
             self.events.state_changed(old, state, reason)

@@ -4,7 +4,11 @@
 shared by every fake worker (it outlives a replacement, as the backend's behaviour would)
 says what each canary does and which attempts of which request fault, and how. Answers are
 delivered on the event loop, as the real line's reader delivers them: a fault at once, an
-answer a little later, so the requests started together are in flight together.
+answer a little later, so the requests started together are in flight together. It speaks
+what the real worker speaks: a step clock with every token's step (the first step of a
+worker's life a new shape), a `Ready` with its device, calibration and phases, and a
+heartbeat that stays fresh while it lives (a hung step leaves the worker's heartbeat thread
+free), unless the script starves it.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ import msgspec
 from steward.supervisor.faults import Fault, FaultClass
 from steward.supervisor.link import Sink
 from steward.wire.protocol import (
+    Calibration,
     Cancel,
     Done,
     Generate,
     Load,
     Ready,
     Rejected,
+    StepClock,
     Token,
     ToWorker,
     Warm,
@@ -34,6 +40,8 @@ from steward.wire.settings import WorkerSettings
 GOLDEN = tuple(range(11, 19))  # the canary's MAX_TOKENS
 TOKENS = 4  # a request's answer
 ANSWER_AFTER = 0.02  # seconds
+STEP = 0.002  # seconds each step says it took
+CALIBRATION = Calibration(32, 1000.0, 512)  # what the first worker measured
 
 _pids = itertools.count(1000)
 
@@ -48,8 +56,14 @@ class Script:
     gate: asyncio.Event | None = None  # set: answers wait for it after their first token
     prefill: dict[int, int] = field(default_factory=dict)  # seq -> tokens it says it prefills
     delay: dict[int, float] = field(default_factory=dict)  # seq -> seconds before its answer
+    # seq -> seconds a request's first attempt is silent after its first token, before the
+    # rest: one slow step (longer than the ceiling: a hang that comes back too late)
+    pause: dict[int, float] = field(default_factory=dict)
+    hang: set[int] = field(default_factory=set)  # seqs silent after their first token, any attempt
     replacements: asyncio.Event | None = None  # set: a worker after the first waits for it
     retire: asyncio.Event | None = None  # set: each worker's `retire` to begin with
+    starved: bool = False  # heartbeats stop too, as on a machine that does not run the worker
+    device: str = "gpu"
     model_bytes: int = 2**30
     memory_bytes: int = 24 * 2**30
     links: list[FakeLink] = field(default_factory=list)
@@ -57,11 +71,14 @@ class Script:
     in_flight: list[int] = field(default_factory=list)  # client requests in flight, per start
     faulted_at: list[int] = field(default_factory=list)  # len(started) at each fault
 
+    settings: list[WorkerSettings] = field(default_factory=list)  # each worker's, in order
+
     async def spawn(self, settings: WorkerSettings) -> FakeLink:
         if self.replacements is not None and settings.generation > 1:
             await self.replacements.wait()
         link = FakeLink(self, settings.generation, settings.warm)
         self.links.append(link)
+        self.settings.append(settings)
         return link
 
 
@@ -74,7 +91,11 @@ class FakeLink:
         self.pid = next(_pids)
         self.sinks: dict = {}
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
-        self.heartbeat = self.progress = time.monotonic()
+        self.started = self.progress = time.monotonic()
+        self.last_step = 0.0
+        self.clocks = lambda clock: None
+        self.steps = 0
+        self._stepped: list[asyncio.Future[None]] = []
         self.killed = False
         self.stopped = False  # asked politely
         self.poisoned = False  # every later call raises, its canary too (SPEC §6 `poison`)
@@ -85,16 +106,48 @@ class FakeLink:
         if self.warm:
             return Warm(self.pid)
         s = self.script
-        return Ready(self.pid, 4096, 16, 32, 0.0, s.model_bytes, s.memory_bytes)
+        phases = {"imports": 0.001, "load": 0.001}
+        return Ready(
+            self.pid,
+            4096,
+            16,
+            32,
+            0.0,
+            s.model_bytes,
+            s.memory_bytes,
+            calibration=CALIBRATION,
+            phases=phases,
+            device=s.device,
+        )
+
+    @property
+    def heartbeat(self) -> float:
+        """Fresh while it lives, unless the machine starves it: then it is heard from only
+        when it steps."""
+        alive = not self.killed and not self.script.starved
+        return time.monotonic() if alive else self.progress
+
+    def stepped(self) -> asyncio.Future[None]:
+        future = self.loop.create_future()
+        self._stepped.append(future)
+        return future
+
+    def _step(self, seconds: float = STEP, members: int = 0) -> None:
+        """One engine step, as the real line sees it: progress, and its clock."""
+        self.progress = self.last_step = time.monotonic()
+        members = members or max(1, self._members())
+        self.clocks(StepClock(members, 0, seconds, new_shape=self.steps == 0, chunk=512))
+        self.steps += 1
+        waiting, self._stepped = self._stepped, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
 
     def fault(self, cls: str, message: str, traceback: str = "") -> Fault:
         return Fault(FaultClass(cls), message, self.generation, traceback=traceback)
 
     def rearm(self) -> None:
         self.failure = self.loop.create_future()
-
-    def silent_for(self) -> float:
-        return 0.0
 
     @property
     def alive(self) -> bool:
@@ -125,7 +178,7 @@ class FakeLink:
             return
         s = self.script
         s.started.append(req)
-        s.in_flight.append(sum(1 for i in self.sinks if i >= 0))
+        s.in_flight.append(self._members())
         if req.seq in s.prefill:
             sink.admitted(s.prefill[req.seq])
         if self.poisoned or req.seq in s.poison:
@@ -137,6 +190,8 @@ class FakeLink:
         fault = plan[req.attempt - 1] if req.attempt <= len(plan) else None
         if fault is not None:
             self.loop.call_soon(self._answer, req, fault, s.sent_before_fault)
+        elif req.seq in s.hang or (req.seq in s.pause and req.attempt == 1):
+            self.loop.call_soon(self._stall, req, s.pause.get(req.seq))
         elif s.gate is not None:
             self.loop.call_soon(self._first, req)
         else:
@@ -158,6 +213,23 @@ class FakeLink:
 
         self.loop.create_task(later())
 
+    def _stall(self, req: Generate, pause: float | None) -> None:
+        """Its first token, then silence: for `pause` s (one slow step, after which the
+        rest follows, if anyone still listens), or for good."""
+        if req.id not in self.sinks:
+            return
+        self._emit(req, [100 + len(req.resume)], None)
+        if pause is not None:
+            self.loop.call_later(pause, self._resumed, req, pause, self._members())
+
+    def _members(self) -> int:
+        return sum(1 for i in self.sinks if i >= 0)
+
+    def _resumed(self, req: Generate, pause: float, members: int) -> None:
+        self._step(pause, members)  # the slow step ends: progress, whoever listens
+        resume = [*req.resume, 100 + len(req.resume)]
+        self._answer(msgspec.structs.replace(req, resume=resume), None)
+
     def _canary(self, req: Generate) -> None:
         outcome = self.script.canaries.pop(0) if self.script.canaries else "pass"
         self.canaries.append(outcome)
@@ -173,7 +245,7 @@ class FakeLink:
         done = len(req.resume)
         if fault is None:
             tokens = range(100 + done, 100 + TOKENS)
-            batch = sum(1 for i in self.sinks if i >= 0)
+            batch = self._members()
             self._emit(req, tokens, Done(req.id, "length", 3, TOKENS, 0.01, 20.0, batch=batch))
             return
         self._emit(req, range(100 + done, 100 + done + sent), None)
@@ -183,7 +255,7 @@ class FakeLink:
     def _emit(self, req: Generate, tokens, done: Done | Rejected | None) -> None:
         sink = self.sinks[req.id]
         for token in tokens:
-            self.progress = time.monotonic()
+            self._step()
             sink.token(Token(req.id, token, f" t{token}"))
         if done is not None:
             del self.sinks[req.id]

@@ -178,13 +178,36 @@ def test_a_suspect_waits_for_its_replacement_bounded_by_its_deadline_alone():
     however long the replacement takes (the order of events decides, not their timing)."""
 
     async def scenario() -> None:
-        supervisor, struck, loads = await struck_while_replaced()
-        waiting = submit(supervisor, 2)
+        _, struck, loads = await struck_while_replaced()
         far = time.monotonic() + 1000
         assert struck.waits_until(queue_timeout=0.0, deadline=far) == far
-        assert waiting.waits_until(0.0, far) == waiting.queued_at  # its first turn
         loads.set()
         await answered(struck)
+
+    run(scenario)
+
+
+def test_a_request_that_meets_a_recovery_waits_for_it_when_it_can_end_in_time():
+    """No request is refused because a recovery is slow: its first turn's --queue-timeout
+    counts from the recovery's expected end (twice the last bring-up), when that is within
+    its deadline, and from the recovery's real end once it is over."""
+
+    async def scenario() -> None:
+        supervisor, struck, loads = await struck_while_replaced()
+        supervisor.bringup.measured(10.0)  # the last bring-up took 10 s
+        waiting = submit(supervisor, 2)
+        expected = supervisor.bringup.since + 2 * 10.0
+        far, near = time.monotonic() + 1000, time.monotonic() + 5
+        assert waiting.waits_until(queue_timeout=1.0, deadline=far) == expected + 1.0
+        assert waiting.waits_until(1.0, near) == waiting.queued_at + 1.0  # not in time
+        loads.set()
+        await answered(struck)
+        await answered(waiting)
+        ended = supervisor.admission.recovered_at
+        assert waiting.queued_at < ended < expected  # the recovery ended sooner
+        later = submit(supervisor, 3)
+        assert later.waits_until(1.0, far) == later.queued_at + 1.0  # none met
+        await answered(later)
 
     run(scenario)
 

@@ -7,6 +7,7 @@ run's. Only when resuming is impossible (here: quarantine) does an error event e
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -16,7 +17,8 @@ CHAT = [{"role": "user", "content": "Tell me about lighthouses."}]
 
 
 def stream(url: str, content: str = CHAT[0]["content"], max_tokens: int = 16) -> dict:
-    """The streamed answer as the client saw it: text, events, finish, usage, errors."""
+    """The streamed answer as the client saw it: text, events, finish, usage, errors, and
+    the longest wait between two of its events (`gap`)."""
     body = {
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
@@ -24,10 +26,15 @@ def stream(url: str, content: str = CHAT[0]["content"], max_tokens: int = 16) ->
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    seen = {"text": "", "done": False, "errors": [], "finish": None, "usage": None}
+    seen = {"text": "", "done": False, "errors": [], "finish": None, "usage": None, "gap": 0.0}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
         assert r.status_code == 200, r.read()
+        last = None
         for line in r.iter_lines():
+            if line.startswith("data: "):
+                now = time.monotonic()
+                seen["gap"] = max(seen["gap"], now - (last or now))
+                last = now
             if line == "data: [DONE]":
                 seen["done"] = True
             elif line.startswith("data: "):

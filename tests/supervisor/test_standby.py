@@ -60,5 +60,6 @@ def test_without_a_spare_health_says_so(serve, tiny_model) -> None:
     assert standby == {"mode": "none", "asked": "none", "why": "asked for none"} | {
         "state": None,
         "pid": None,
+        "phases": {},
     }
     assert httpx.get(server.url + "/health/live").status_code == 200
