@@ -19,12 +19,12 @@ never pay (a GPU that prefills faster than the host reads its KV back). A speed 
 measured says "load": a CPU's prefill, slow, is the case the tier is for.
 
 Off the token path: the main thread, which alone runs MLX, only copies the arrays on the
-device (the KV is computed already; a device copy is cheap); a writer thread copies those to
-the host, writes, checksums and renames, and evicts the least recently used entries to stay within
-the byte bound. A full queue drops the save. A write that fails (a full disk: ENOSPC,
-EDQUOT, EFBIG; any OSError) is logged and counted, and the entry dropped: no request ever
-waits for a write or fails by one. Loading is on the request's own prefill path, where it
-replaces the computation.
+device (the KV is computed already; a device copy is cheap); a writer thread copies those
+to the host, writes, checksums and renames, and evicts the least recently used entries to
+stay within the byte bound. A full queue drops the save. A write that fails (a full disk:
+ENOSPC, EDQUOT, EFBIG; any OSError) is logged and counted, and the entry dropped: no
+request ever waits for a write or fails by one. Loading is on the request's own prefill
+path, where it replaces the computation.
 
 After a fault (`fault()`, from the engine's `drop_all`) the saves still queued or being
 written are dropped: only entries whose write completed before the fault stay. Their KV

@@ -74,7 +74,7 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
 
     threading.Thread(target=_beat, args=(send,), daemon=True, name="heartbeat").start()
     phases = runtime.Phases()
-    runtime.started(phases)
+    runtime.process_age(phases)
     head = runtime.Head()
     if settings.warm and (head := _wait_warm(channel, send, settings, phases)) is None:
         return
@@ -83,7 +83,7 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
     try:
         if not settings.warm:
             with _file_limit_kept():
-                runtime.start(phases)
+                runtime.imports_and_device(phases)
         injector = Injector(settings.faults, settings.generation)
         if settings.kind == "embedding":
             with phases.timed("load"):
@@ -306,7 +306,7 @@ def _wait_warm(
     (runtime.py) now, then wait to be promoted. What it prepared, or None if told to stop
     instead."""
     with _file_limit_kept():
-        runtime.start(phases)
+        runtime.imports_and_device(phases)
         head = runtime.head_start(settings, phases)
     send(Warm(os.getpid()))
     try:

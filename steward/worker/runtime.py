@@ -91,7 +91,7 @@ class Phases:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
 
 
-def started(phases: Phases) -> None:
+def process_age(phases: Phases) -> None:
     """The `start` phase: from the process's start (the kernel's clock) until now, the
     interpreter and `spawn`'s bootstrap. Linux only (/proc); elsewhere none."""
     try:
@@ -102,7 +102,7 @@ def started(phases: Phases) -> None:
         pass
 
 
-def start(phases: Phases) -> None:
+def imports_and_device(phases: Phases) -> None:
     """The runtime: what the load imports (mlx's own import allocates), then the device."""
     with phases.timed("imports"):
         import mlx.core as mx
