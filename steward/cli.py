@@ -102,7 +102,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "port", int, "port to bind")
     _flag(p, "max-restarts", int, "worker restarts allowed in --restart-window before exit 75")
     _flag(p, "restart-window", float, "seconds over which restarts are counted")
-    _flag(p, "stall-timeout", float, "seconds without progress before a worker is replaced")
+    _flag(p, "stall-timeout", float, "the most silence ever tolerated from a worker (seconds)")
     _flag(p, "load-timeout", float, "seconds a worker may take to load the model")
     _flag(
         p,

@@ -7,11 +7,12 @@ retryable refusal carries a `Retry-After` that is an estimate, not a constant: t
 bring-up under way has left, or the time the queue ahead takes to work off at the pace of
 recent completions (`Pace`).
 
-A request that meets a recovery (a start or a replacement under way) waits for it: its
-first turn's `--queue-timeout` counts from the recovery's end when that is within its
-deadline (jobs.py). The end is expected at `OVERRUN` times the model's last measured
-bring-up after it began (a busy machine runs slower than it measured; a bring-up with no
-measure yet, a model's very first, has no expected end), and is known once it happened.
+A request that meets a recovery (`recovering`: a fault or a suspected hang being handled)
+waits for it: its first turn's `--queue-timeout` counts from the recovery's end when that is
+within its deadline (jobs.py). The end is expected at `OVERRUN` times the model's last
+measured bring-up after the recovery began (a busy machine runs slower than it measured),
+and is known once it happened. A first start is no recovery: nothing measured says when it
+ends, and a request then waits its `--queue-timeout` as it always did.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class Admission:
         self.pace = Pace()
         self.state = state
         self.wake = asyncio.Event()  # set when the supervision loop has something to do
-        self.recovered_at = 0.0  # the last start or recovery ended (monotonic)
+        self.recovered_at = 0.0  # the last recovery ended (monotonic)
         self._seq = itertools.count(1)
 
     def submit(
@@ -119,10 +120,10 @@ class Admission:
         return waited(self.state(), timeout, self.faults.last, self.retry_after())
 
     def recovery_end(self) -> float:
-        """When the start or recovery under way should end, or the last one ended
-        (monotonic; 0.0: none yet)."""
+        """When the recovery under way should end, or the last one ended (monotonic; 0.0:
+        none yet)."""
         bringup = self.bringup
-        if self.state() in (State.STARTING, State.RECOVERING) and bringup.known:
+        if self.state() is State.RECOVERING and bringup.known:
             return bringup.since + OVERRUN * bringup.seconds
         return self.recovered_at
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from steward.config import ServeConfig
 from steward.model.resolve import ModelSource
 from steward.supervisor import canary
-from steward.supervisor.bounds import StepBounds, Work
+from steward.supervisor.bounds import StepBounds
 from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_TEMPFAIL, Exit
 from steward.supervisor.faults import DEVICE_FAULTS, Fault, FaultClass, Outcome, classify
@@ -195,12 +195,12 @@ class BringUp:
         link = link or self.link
         assert link is not None
         started = time.monotonic()
-        dimensions = self.model.dimensions
+        dimensions, ceiling = self.model.dimensions, self.bounds.ceiling
         try:
             if dimensions:
-                answer, done = await canary.embed(link, self._canary_bound, dimensions)
+                answer, done = await canary.embed(link, ceiling, dimensions)
             else:
-                answer, done = await canary.run(link, self._canary_bound)
+                answer, done = await canary.run(link, ceiling)
         except FaultError as err:
             self.events.canary_ran(False, time.monotonic() - started)
             return err.fault
@@ -215,10 +215,6 @@ class BringUp:
             golden = list(self.golden[: canary.MAX_TOKENS])
             return canary.mismatch(link, f"canary {shown} differs from {golden}")
         return None
-
-    def _canary_bound(self, prefill: int) -> float:
-        """The canary runs alone: its prompt, then one member decoding."""
-        return self.bounds.allowed(Work(1, (prefill,) if prefill else ()))
 
     async def _spawn(self, warm: bool) -> WorkerLink:
         link = await self.spawn(self._settings(warm))

@@ -5,8 +5,10 @@ It checks the backend, not the model's manners: end tokens are suppressed, so ev
 answers exactly `MAX_TOKENS` tokens (a model whose greedy answer is its end token at once is
 as checkable as any). The first worker's answer is the golden one; after a fault, a canary
 that raises, falls silent, or answers differently means the backend is poisoned and the
-worker is replaced. It runs alone (nothing else in flight), so its speeds are a batch of
-one's; silence is judged as any request's is, from the speeds measured (speeds.py).
+worker is replaced. It runs alone (nothing else in flight), so its speed is a batch of
+one's. Its silence is bounded by `--stall-timeout`, the ceiling, alone: it checks a worker
+that serves nobody yet (or a kept one, its clients waiting for the verdict), and a canary
+slowed by a busy machine must never cost a worker.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ TOLERANCE = 1e-3
 _ids = itertools.count(-1, -1)  # negative: never a client request's id
 
 
-async def run(link: WorkerLink, allowed: Callable[[int], float]) -> tuple[tuple[int, ...], Done]:
+async def run(link: WorkerLink, allowed: float) -> tuple[tuple[int, ...], Done]:
     """The canary's token ids and its answer; FaultError if it raised, crashed, or was
-    silent for longer than `allowed(prompt tokens to prefill)` seconds."""
+    silent for longer than `allowed` seconds."""
     req = Generate(
         id=next(_ids), seq=0, attempt=1, prompt=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True
     )
@@ -46,7 +48,7 @@ async def run(link: WorkerLink, allowed: Callable[[int], float]) -> tuple[tuple[
 
 
 async def embed(
-    link: WorkerLink, allowed: Callable[[int], float], dimensions: int
+    link: WorkerLink, allowed: float, dimensions: int
 ) -> tuple[tuple[float, ...], Done]:
     """The canary of an embedding model: PROMPT's vector, checked finite and whole."""
     req = Embed(id=next(_ids), seq=0, attempt=1, inputs=[PROMPT])
@@ -73,30 +75,20 @@ def same(answer: Sequence[float], golden: Sequence[float]) -> bool:
 
 
 async def _answer(
-    link: WorkerLink,
-    req: Generate | Embed,
-    allowed: Callable[[int], float],
-    on_token: Callable[[int], None],
+    link: WorkerLink, req: Generate | Embed, allowed: float, on_token: Callable[[int], None]
 ) -> Done:
     """The worker's answer to a canary request, its tokens to `on_token`."""
-    prefill = len(PROMPT)  # until the worker says: a token is at least a character
     finished: asyncio.Future[Done | Rejected] = asyncio.get_running_loop().create_future()
 
     def token(t: Token) -> None:
-        nonlocal prefill
-        prefill = 0
         if t.token >= 0:
             on_token(t.token)
 
-    def admitted(n: int) -> None:
-        nonlocal prefill
-        prefill = n
-
-    link.start(req, Sink(token, finished.set_result, admitted))
+    link.start(req, Sink(token, finished.set_result))
     started = time.monotonic()
     while not finished.done() and not link.failure.done():
         since = max(started, link.progress)
-        left = since + allowed(prefill) - time.monotonic()
+        left = since + allowed - time.monotonic()
         if left <= 0:
             link.sinks.pop(req.id, None)
             silent = time.monotonic() - since

@@ -1,8 +1,7 @@
 """A bring-up's phases, as the log and `/health` report them.
 
-The supervisor times what the worker cannot: the spawn, the process's start before the
-worker's own clock runs (what the worker's phases leave of the wait for its `Ready`), and the
-canary. The worker reports the rest in `Ready.phases` (imports, device, load, warm-up, ...).
+The supervisor times what the worker cannot, the spawn and the canary; the worker reports
+the rest in `Ready.phases` (its process's start, imports, device, load, warm-up, ...).
 """
 
 from __future__ import annotations
@@ -22,10 +21,8 @@ class Phases:
         self._lap = now
 
     def ready(self, reported: dict[str, float]) -> None:
-        """The worker said it is ready: its own phases, and the process's start before them."""
-        now = time.monotonic()
-        waited, self._lap = now - self._lap, now
-        self.seconds["start"] = round(max(0.0, waited - sum(reported.values())), 3)
+        """The worker said it is ready, with its own phases."""
+        self._lap = time.monotonic()
         self.seconds |= {name: round(seconds, 3) for name, seconds in reported.items()}
 
     def text(self) -> str:

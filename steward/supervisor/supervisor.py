@@ -360,7 +360,7 @@ class Supervisor:
         old = self.state
         if state is not old and old is not State.STOPPING:
             log.info("state %s -> %s: %s", old, state, reason)
-            if state.serving and not old.serving:
+            if old is State.RECOVERING:
                 self.admission.recovered_at = time.monotonic()
             self.state = state
             self.events.state_changed(old, state, reason)

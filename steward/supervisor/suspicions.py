@@ -178,14 +178,16 @@ class Suspicions:
             stepped.cancel()
         stepped_at = link.last_step if link.last_step >= aside.fault.detected else 0.0
         verdict = failover.verdict(stepped_at, deadline, link.failure.done())
-        self.sup.bringup.asides.remove(aside)
         await self._judged(aside, verdict)
         self.sup.admission.wake.set()  # the state, the next spare: the loop decides
 
     async def _judged(self, aside: Aside, verdict: Verdict) -> None:
+        """Acts on the verdict; the suspect leaves the asides (and the memory it held is
+        free for the next spare) once it serves as the spare, retires, or is dead."""
         sup, link, fault = self.sup, aside.link, aside.fault
         sup.events.suspicion_judged(verdict)
         if verdict is Verdict.SLOW:
+            sup.bringup.asides.remove(aside)
             sup.bringup.intensity.withdraw(aside.charge)
             sup.quarantine.withdraw(aside.strike)
             log.warning(
@@ -213,3 +215,4 @@ class Suspicions:
             fault.action += "; hung: killed at the ceiling"
         sup.faults.settle(fault)
         await link.kill()
+        sup.bringup.asides.remove(aside)

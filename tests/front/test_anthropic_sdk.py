@@ -316,11 +316,12 @@ def test_a_text_stream_resumes_and_a_poison_one_ends_in_its_error_event(tiny_mod
     assert again.value.response.headers["x-should-retry"] == "false"
 
 
-def test_a_503_while_the_worker_is_replaced_is_retried_by_the_sdk(tiny_model, serve) -> None:
-    """The first request crashes the worker, whose replacement loads slowly. Requests sent
-    meanwhile wait out the queue timeout and get a retryable 503: the SDK retries one on
-    its own, after `Retry-After`, until the new worker answers it. The request the fault
-    struck is owed its replay and waits for the new worker (no retry of its own)."""
+def test_a_503_while_the_model_comes_up_is_retried_by_the_sdk(tiny_model, serve) -> None:
+    """The first worker crashes while it loads, and its replacement loads slowly: a first
+    start, whose end nothing measured says. A request sent meanwhile waits out the queue
+    timeout and gets a retryable 503 naming the fault: the SDK retries one on its own,
+    after `Retry-After`, until the worker answers it. (A request that meets a recovery of a
+    model that has served waits for it instead: tests/supervisor/test_decisions.py.)"""
     server = serve(
         "--model",
         str(tiny_model),
@@ -329,9 +330,10 @@ def test_a_503_while_the_worker_is_replaced_is_retried_by_the_sdk(tiny_model, se
         "--queue-timeout",
         "1",
         "--inject-fault",
-        "decode:crash:nth=1;load:slow=3:nth=2",
+        "load:crash:nth=1;load:slow=3:nth=2",
     )
-    server.wait()
+    server.wait("starting")
+    server.until(lambda health: health["faults"]["total"] == 1)  # the first worker is gone
     outcome: dict[str, Any] = {}
 
     def ask(name: str, messages: list[dict[str, Any]]) -> None:
@@ -342,9 +344,6 @@ def test_a_503_while_the_worker_is_replaced_is_retried_by_the_sdk(tiny_model, se
         except anthropic.APIStatusError as error:
             outcome[name] = error
 
-    crashing = threading.Thread(target=ask, args=("struck", ASK))
-    crashing.start()
-    server.until(lambda health: health["status"] == "recovering")
     impatient = threading.Thread(target=ask, args=("refused", WEATHER))
     impatient.start()
     patient = sdk(server, max_retries=10)
@@ -353,9 +352,7 @@ def test_a_503_while_the_worker_is_replaced_is_retried_by_the_sdk(tiny_model, se
     )
     assert reply.retries_taken >= 1
     assert reply.parse().usage.output_tokens == 8
-    crashing.join()
     impatient.join()
-    assert outcome["struck"].usage.output_tokens == 8
     refused = outcome["refused"]
     assert refused.status_code == 503
     assert refused.response.headers["x-should-retry"] == "true"

@@ -42,11 +42,11 @@ def test_a_hang_among_eight_streams_fails_over_to_the_spare(serve, tiny_model) -
     eight_streams(server)
     health = server.health().json()
     assert health["worker"]["pid"] == spare["pid"], health  # failed over, not restarted
-    health = server.until(lambda health: health["faults"]["total"] == 1, within=60)
+    health = server.until(lambda h: h["faults"]["total"] == 1 and not h["suspects"], within=60)
     last = health["faults"]["last"]
     assert last["class"] == "stall" and last["generation"] == 1, last
     assert "promoted standby" in last["action"] and "killed at the ceiling" in last["action"]
-    assert health["restarts_in_window"] == 1 and health["suspects"] == []
+    assert health["restarts_in_window"] == 1
     assert health["standby"]["pid"] != first  # the hung one is gone, a new spare behind
 
 
