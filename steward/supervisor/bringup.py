@@ -128,32 +128,28 @@ class BringUp:
             await self.retire(old, fault)  # its memory is wanted for the next copy
         for _attempt in range(2):
             if not self.intensity.allow():
-                raise Exit(
-                    EX_TEMPFAIL,
-                    f"more than {self.config.max_restarts} restarts in "
-                    f"{self.config.restart_window:.0f} s",
-                )
+                raise self._spent()
             if await self._promote(fault):
                 return Outcome.PROMOTED
             if await self._start_worker():
                 return Outcome.REPLACED
         raise Exit(EX_TEMPFAIL, "a replacement worker failed to come up twice")
 
-    async def fail_over(self, fault: Fault) -> float | None:
-        """A hot spare serves in place of the worker suspected of a hang, which is kept
-        aside; the restart this costs (to withdraw if the suspect was slow), or None when
-        no spare could take over after all (it died just now)."""
+    async def fail_over(self, fault: Fault) -> float:
+        """The hot spare, ready, serves in place of the worker suspected of a hang, which
+        the caller keeps aside; the restart this costs (to withdraw if it was slow)."""
         charge = self.intensity.charge()
         if charge is None:
-            raise Exit(EX_TEMPFAIL, f"more than {self.config.max_restarts} restarts")
-        old, self.link = self.link, None
+            raise self._spent()
+        self.link = None
         self.since = time.monotonic()
-        if not await self._promote(fault):
-            self.intensity.withdraw(charge)
-            self.link = old
-            return None
-        assert old is not None
+        promoted = await self._promote(fault)
+        assert promoted, "a ready hot spare's promotion is a swap"
         return charge
+
+    def _spent(self) -> Exit:
+        limit, window = self.config.max_restarts, self.config.restart_window
+        return Exit(EX_TEMPFAIL, f"more than {limit} restarts in {window:.0f} s")
 
     def room(self) -> bool:
         """Another copy of the model fits beside those held now: the serving worker's, the

@@ -91,8 +91,10 @@ class Standby:
 
     @property
     def hot_ready(self) -> bool:
+        """A spare that holds the model is ready to serve (`take` returns it)."""
         link = self.link
-        return self.state == "ready" and not self.warm and link is not None and link.alive
+        ready = self.state == "ready" and not self.warm
+        return ready and link is not None and link.alive and not link.failure.done()
 
     def refill(self, room: bool) -> None:
         """Start a spare unless one is there or on its way; one that holds the model only

@@ -17,6 +17,7 @@ from steward.errors import ApiError
 from steward.supervisor import bounds
 from steward.supervisor.faults import FaultClass, Outcome
 from steward.supervisor.jobs import Job
+from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.state import State
 from steward.supervisor.supervisor import Supervisor
 from steward.wire.protocol import Done
@@ -312,3 +313,14 @@ def test_a_starved_worker_is_not_suspected_before_the_ceiling():
         assert supervisor.link is script.links[0] and supervisor.faults.total == 0
 
     run(scenario)
+
+
+def test_a_withdrawn_strike_lifts_a_quarantine_that_rested_on_it():
+    """A suspicion proven wrong names no payload, and frees one its strike convicted."""
+    quarantine = Quarantine(600)
+    quarantine.fault(["p", "q"])
+    strike = quarantine.fault(["p"])  # alone: named; with the first, once "q" finishes
+    quarantine.acquit("q")
+    assert quarantine.blocked("p")
+    quarantine.withdraw(strike)
+    assert not quarantine.blocked("p") and quarantine.named("p") == 1

@@ -1,10 +1,13 @@
-"""The fault matrix's hang case on the real default model (issue 20): a stall verdict must
-come from what the backend measured it needs, not from a fixed bound alone.
+"""The fault matrix's hang case on the real default model (issues 20, 29): a hang is
+suspected from what the worker's own steps measured, not from a fixed bound, and the
+verdict waits for the ceiling.
 
-`--stall-timeout 3` is below what this model needs on a slow CPU for a first canary or a
-replayed prefill. The server still comes up (its first canary is not judged stalled), the
-injected hang on request 2 costs exactly one replacement, and request 2 is answered by its
-replay, as request 1 was answered: greedy, the same answer.
+On a slow CPU this model's steps take a good part of a second, and its first canary and a
+replayed prefill longer: no healthy step may be judged hung (the server comes up, request 1
+is answered, nothing counted). The injected hang on request 2 is suspected at the bound its
+measured steps set, far below `--stall-timeout` (the ceiling); the spare takes over and
+request 2 is answered by its replay, as request 1 was (greedy: the same answer); the hung
+worker is counted once, a `stall`, at the ceiling, and costs exactly one restart.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 def test_one_hang_costs_one_replacement_on_the_default_model(
     serve, default_model_dir: Path
 ) -> None:
-    server = serve("--stall-timeout", "3", "--inject-fault", "decode:hang:nth=2")
+    server = serve("--stall-timeout", "30", "--inject-fault", "decode:hang:nth=2")
     server.wait(timeout=300)
     assert server.health().json()["faults"]["total"] == 0, "a healthy first worker was faulted"
     with server.client(max_retries=0, timeout=300) as client:
@@ -40,7 +43,7 @@ def test_one_hang_costs_one_replacement_on_the_default_model(
         assert server.health().json()["faults"]["total"] == 0, "request 1 was judged stalled"
         second = ask(2)  # hangs at its second token; replayed on the new worker
     assert second == first
-    health = server.until(lambda health: health["status"] in ("ready", "degraded"), within=60)
+    health = server.until(lambda h: h["faults"]["total"] == 1 and not h["suspects"], within=90)
     context = f"{health}\n(whole log: {server.log})"
     assert health["faults"]["total"] == 1, context  # the hang, and nothing else
     assert health["faults"]["last"]["class"] == "stall", context
