@@ -255,11 +255,9 @@ class BringUp:
         self.link = link
         log.info("promoting the %s spare (worker %d)", "warm" if warm else "hot", link.generation)
         self.events.worker_started(link.generation)
-        phases = Phases()
+        phases = Phases(None if warm else self.standby.phases)
         if warm:
             link.send(Load())
-        else:
-            phases.seconds = dict(self.standby.phases)  # its bring-up was a spare's
         device = fault is not None and fault.cls in DEVICE_FAULTS
         return await self._bring_up(link, phases, load=warm, check=warm or device)
 

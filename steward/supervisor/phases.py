@@ -10,9 +10,11 @@ import time
 
 
 class Phases:
-    def __init__(self) -> None:
+    def __init__(self, as_spare: dict[str, float] | None = None) -> None:
+        """`as_spare`: a hot spare promoted, whose bring-up was a spare's."""
         self.began = self._lap = time.monotonic()
-        self.seconds: dict[str, float] = {}
+        self.seconds: dict[str, float] = dict(as_spare or {})
+        self.as_spare = as_spare is not None
 
     def lap(self, name: str) -> None:
         """`name` took the time since the last lap."""
@@ -26,4 +28,5 @@ class Phases:
         self.seconds |= {name: round(seconds, 3) for name, seconds in reported.items()}
 
     def text(self) -> str:
-        return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.seconds.items())
+        laps = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.seconds.items())
+        return f"promoted; as a spare: {laps}" if self.as_spare else laps

@@ -23,7 +23,7 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 def test_one_hang_costs_one_replacement_on_the_default_model(
     serve, default_model_dir: Path
 ) -> None:
-    server = serve("--stall-timeout", "30", "--inject-fault", "decode:hang:nth=2")
+    server = serve("--stall-timeout", "20", "--inject-fault", "decode:hang:nth=2")
     server.wait(timeout=300)
     assert server.health().json()["faults"]["total"] == 0, "a healthy first worker was faulted"
     with server.client(max_retries=0, timeout=300) as client:
