@@ -10,7 +10,8 @@ recent completions (`Pace`).
 A request that meets a recovery (`recovering`: a fault or a suspected hang being handled)
 waits for it: its first turn's `--queue-timeout` counts from the recovery's end when that is
 within its deadline (jobs.py). The end is expected at `OVERRUN` times the model's last
-measured bring-up after the recovery began (a busy machine runs slower than it measured),
+measured bring-up (one that loaded the model) after the recovery began (a busy machine runs
+slower than it measured),
 and is known once it happened. A first start is no recovery: nothing measured says when it
 ends, and a request then waits its `--queue-timeout` as it always did.
 """
@@ -124,7 +125,7 @@ class Admission:
         none yet)."""
         bringup = self.bringup
         if self.state() is State.RECOVERING and bringup.known:
-            return bringup.since + OVERRUN * bringup.seconds
+            return bringup.since + OVERRUN * bringup.loading_s
         return self.recovered_at
 
     def retry_after(self) -> int:

@@ -103,14 +103,18 @@ class BringUp:
         self.calibration: Calibration | None = None  # what the model's first worker measured
         self.generation = 0  # workers started so far, spares included
         self.seconds = 10.0  # the last bring-up, until measured: a guess for Retry-After
-        self.known = False  # `seconds` was measured (here, or by an earlier load of the model)
+        # the last bring-up that loaded the model (not a hot spare's swap): what a
+        # replacement costs; `known` once measured here or by an earlier load of the model
+        self.loading_s, self.known = 10.0, False
         self.since = time.monotonic()  # the bring-up under way began
         self.phases: dict[str, float] = {}  # the serving worker's bring-up
         self._retiring: set[asyncio.Task[None]] = set()
 
-    def measured(self, seconds: float) -> None:
-        """An earlier load of the model took `seconds` to come up."""
-        self.seconds, self.known = seconds, True
+    def measured(self, seconds: float, loaded: bool = True) -> None:
+        """A bring-up took `seconds` (`loaded`: the model's load included, not a swap)."""
+        self.seconds = seconds
+        if loaded:
+            self.loading_s, self.known = seconds, True
 
     async def first(self) -> None:
         """The first worker, or its replacement if it cannot come up."""
@@ -284,7 +288,7 @@ class BringUp:
             await link.kill()
             self.link = None
             return False
-        self.measured(time.monotonic() - self.since)
+        self.measured(time.monotonic() - self.since, loaded=load)
         self.phases = phases.seconds
         log.info("worker %d ready in %.2f s (%s)", link.generation, self.seconds, phases.text())
         return True

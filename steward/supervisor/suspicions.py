@@ -82,7 +82,7 @@ class Suspicions:
             return
         if move is Move.RACE:
             standby.rush(bringup.room())
-        limit = failover.patience(move, quiet.allowed, bringup.seconds, quiet.ceiling, affordable)
+        limit = failover.patience(move, quiet.allowed, bringup.loading_s, quiet.ceiling, affordable)
         sup.set_state(State.RECOVERING, f"worker {link.generation} suspected of a hang")
         bringup.since = time.monotonic()
         await self._watch(link, fault, quiet.since, quiet.since + limit, move is Move.RACE)
@@ -182,8 +182,8 @@ class Suspicions:
         self.sup.admission.wake.set()  # the state, the next spare: the loop decides
 
     async def _judged(self, aside: Aside, verdict: Verdict) -> None:
-        """Acts on the verdict; the suspect leaves the asides (and the memory it held is
-        free for the next spare) once it serves as the spare, retires, or is dead."""
+        """Acts on the verdict; the suspect leaves the asides (the memory it held is free
+        for the next spare, or for a replacement) as it becomes the spare, retires or dies."""
         sup, link, fault = self.sup, aside.link, aside.fault
         sup.events.suspicion_judged(verdict)
         if verdict is Verdict.SLOW:
@@ -214,5 +214,5 @@ class Suspicions:
             fault.message += f"; silent to the ceiling ({sup.config.stall_timeout:.0f} s)"
             fault.action += "; hung: killed at the ceiling"
         sup.faults.settle(fault)
+        sup.bringup.asides.remove(aside)  # its memory is free as it dies
         await link.kill()
-        sup.bringup.asides.remove(aside)

@@ -2,7 +2,8 @@
 worker lines: every branch of what a suspected hang gets, and every verdict.
 
 The fake's steps take milliseconds, so its floor is scaled to them (a GPU's is 1 s, a
-CPU's 3 s: bounds.py); the ceiling (`--stall-timeout`) is a second. A hang is a request
+CPU's 3 s: bounds.py); the ceiling (`--stall-timeout`) is two seconds, ample for a loop
+that a busy machine delays by tenths of a second. A hang is a request
 silent after its first token (`pause`: for that long, once; `hang`: for good, on every
 worker), and the batch with it, since the fake's other members wait for the `gate`.
 """
@@ -25,7 +26,7 @@ from tests.supervisor.fakelink import TOKENS, FakeLink, Script
 from tests.supervisor.harness import outcome, run, start, submit, until
 
 FLOOR = 0.1
-CEILING = 1.0
+CEILING = 2.0
 HUNG = 30.0  # a pause no test waits for
 GIB = 2**30
 
@@ -35,8 +36,10 @@ def floor_of_the_fake(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bounds, "FLOOR_GPU", FLOOR)
 
 
-async def serving(script: Script, standby: str = "hot", **config: object) -> Supervisor:
-    supervisor = await start(script, standby=standby, stall_timeout=CEILING, **config)
+async def serving(
+    script: Script, standby: str = "hot", ceiling: float = CEILING, **config: object
+) -> Supervisor:
+    supervisor = await start(script, standby=standby, stall_timeout=ceiling, **config)
     if standby != "none":
         await until(lambda: supervisor.bringup.standby.state == "ready")
     return supervisor
@@ -103,7 +106,7 @@ def test_a_suspect_is_failed_over_to_the_hot_spare_and_killed_silent_at_the_ceil
 def test_a_suspect_that_steps_after_its_spare_took_over_was_slow_and_costs_nothing():
     async def scenario() -> None:
         gate = asyncio.Event()
-        script = Script(pause={3: CEILING / 3}, gate=gate)
+        script = Script(pause={3: CEILING / 2}, gate=gate)
         supervisor = await serving(script)
         jobs, first = await suspected(supervisor, script)
         gate.set()
@@ -159,7 +162,7 @@ def test_without_a_spare_a_replacement_races_the_suspect_and_takes_over():
 def test_a_suspect_that_steps_before_its_racing_replacement_is_up_keeps_its_batch():
     async def scenario() -> None:
         gate, loads = asyncio.Event(), asyncio.Event()
-        script = Script(pause={3: CEILING / 3}, gate=gate, replacements=loads)
+        script = Script(pause={3: CEILING / 2}, gate=gate, replacements=loads)
         supervisor = await serving(script, standby="none")
         jobs, first = await batch(supervisor, script, 4)
         await until(lambda: supervisor.state is State.RECOVERING)  # suspected: the race on
@@ -253,7 +256,7 @@ def test_a_drain_with_a_suspect_aside_answers_everyone_and_kills_the_suspect():
     async def scenario() -> None:
         gate = asyncio.Event()
         script = Script(pause={3: HUNG}, gate=gate)
-        supervisor = await serving(script)
+        supervisor = await serving(script, ceiling=HUNG)  # no verdict before the stop
         jobs, first = await suspected(supervisor, script)
         draining = asyncio.ensure_future(supervisor.stop(30.0, asyncio.Event()))
         gate.set()
@@ -271,7 +274,7 @@ def test_slow_verdicts_leave_the_restart_budget_as_it_was():
 
     async def scenario() -> None:
         gate = asyncio.Event()
-        script = Script(pause={3: CEILING / 3, 5: CEILING / 3}, gate=gate)
+        script = Script(pause={3: CEILING / 2, 5: CEILING / 2}, gate=gate)
         supervisor = await serving(script, max_restarts=1)
         jobs, first = await suspected(supervisor, script)
         gate.set()
@@ -292,7 +295,7 @@ def test_a_suspicion_the_restart_budget_cannot_pay_for_waits_to_the_ceiling():
     async def scenario() -> None:
         gate = asyncio.Event()
         gate.set()
-        script = Script(pause={1: CEILING / 3}, gate=gate)
+        script = Script(pause={1: CEILING / 2}, gate=gate)
         supervisor = await serving(script, max_restarts=0)
         await whole([submit(supervisor, 1, stream=True)])
         assert not supervisor.exit_code.done() and supervisor.faults.total == 0
@@ -307,7 +310,7 @@ def test_a_starved_worker_is_not_suspected_before_the_ceiling():
     async def scenario() -> None:
         gate = asyncio.Event()
         gate.set()
-        script = Script(pause={1: CEILING / 3}, gate=gate, starved=True)
+        script = Script(pause={1: CEILING / 2}, gate=gate, starved=True)
         supervisor = await serving(script)
         await whole([submit(supervisor, 1, stream=True)])
         assert supervisor.link is script.links[0] and supervisor.faults.total == 0
