@@ -12,13 +12,13 @@ llama in bf16 built here, the default model's tokenizer):
   after a warm-up round; request 41 hangs at its 20th token (`decode:hang:nth=41@20`), with
   the default standby (hot where two copies fit) and with `--standby none`. Targets: every
   request answered, none refused; worst gap <= 2 s (hot), <= the replacement's bring-up +
-  2 s (none).
+  2 s (none); the replacement's bring-up (a new process: every phase) <= 5 s.
 - `slow`: the same load with one step of 3 s (`decode:slow=3:nth=41@20`). Target: every
   request answered, no fault counted, no restart spent.
 - `crash`: `--standby warm`, request 2 crashes the worker at its first decode step; the
   next answer's delay (the faulted request's latency less a normal one's) against killing
-  mlx_lm.server and starting it again (kill to first answer). Targets: the replacement's
-  bring-up <= 5 s; the delay <= 0.5x the peer's restart.
+  mlx_lm.server and starting it again (kill to first answer). Target: the delay <= 0.5x the
+  peer's restart.
 - `poison`: a poison request joins a batch of 32 (bench/recovery.py's run): its two
   faults spend the hot spare and a replacement. Targets: innocents' TTFT <= 5 s, worst gap
   <= 1 s.
@@ -92,6 +92,12 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def bring_up_s(worker: dict) -> float:
+    """The serving worker's bring-up: its phases' sum where it came up as a spare (whose
+    promotion, a swap, is all that `bring_up_s` counts then)."""
+    return max(worker.get("bring_up_s", 0.0), sum((worker.get("phases") or {}).values()))
 
 
 def health(url: str) -> dict:
@@ -187,7 +193,8 @@ def hang_run(model: Path, args: argparse.Namespace) -> None:
         if standby is None:
             line(f"{name}: worst gap", f"{worst:.3f} s", "<= 2 s", worst <= 2.0)
         else:
-            bring_up = after["worker"].get("bring_up_s", 0.0)
+            bring_up = bring_up_s(after["worker"])
+            line(f"{name}: replacement's bring-up", f"{bring_up:.3f} s", "<= 5 s", bring_up <= 5)
             line(f"{name}: worst gap - bring-up", f"{worst - bring_up:.3f} s", "<= 2 s",
                  worst <= bring_up + 2.0)  # fmt: skip
 
@@ -236,7 +243,7 @@ def crash_run(model: Path) -> None:
         peer.wait(60)
     delay = faulted - normal
     bring_up = body["worker"].get("bring_up_s", 0.0)
-    line("crash, warm spare: replacement bring-up", f"{bring_up:.2f} s", "<= 5 s", bring_up <= 5)
+    line("crash, warm spare: promoted in (load, shapes, canary)", f"{bring_up:.2f} s")
     if phases := body["worker"].get("phases"):
         print(f"    phases {phases}")
     line("crash, warm spare: next answer's delay", f"{delay:.2f} s")
