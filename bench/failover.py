@@ -177,6 +177,10 @@ def silent_step_run(model: Path, action: str, standby: str | None, args: argpars
         before = health(url)
         seen = asyncio.run(load(url, args.clients, args.rounds, args.tokens))
         after = health(url)
+        deadline = time.monotonic() + 90
+        while action != "hang" and after["suspects"] and time.monotonic() < deadline:
+            time.sleep(0.1)  # a slow worker's verdict: it comes when its step ends
+            after = health(url)
     finally:
         stop(proc)
     return seen, before, after
@@ -292,6 +296,7 @@ async def turns(url: str, context: int) -> tuple[Streamed | str, Streamed | str]
         history = [*first["messages"], {"role": "assistant", "content": said}]
         history.append({"role": "user", "content": "And what did he do next?"})
         body = {"messages": history, "max_tokens": 32, "temperature": 0, "stream": True}
+        body["stream_options"] = {"include_usage": True}
         resumed = await stream_chat(client, body)
     return opened, resumed
 
@@ -312,6 +317,8 @@ def disk_run(model: Path, args: argparse.Namespace) -> None:
         if not (isinstance(opened, Streamed) and whole(resumed)):
             raise SystemExit(f"disk {name}: the conversation did not end whole: {resumed}")
         rows[name] = (opened.times[0] - opened.started, max(gaps(resumed), default=0.0))
+        cached = ((resumed.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        line(f"disk {name}: the resumed turn's cached tokens", str(cached))
         line(f"disk {name}: first TTFT / resumed worst gap",
              f"{rows[name][0]:.3f} / {rows[name][1]:.3f} s")  # fmt: skip
     (ttft_with, gap_with), (ttft_without, gap_without) = rows["with disk"], rows["without"]

@@ -241,13 +241,13 @@ class Supervisor:
         await self.bringup.close()
 
     def _spare_may_start(self) -> bool:
-        """A spare's bring-up no longer slows the replay of a fault's suspects. On a CPU it
+        """A spare's bring-up does not slow the replay of a fault's suspects. On a CPU it
         would until the replay is over: its imports, load and canary take the cores the
-        replay decodes on. On a GPU, once the suspects running again have resumed: the gap
-        clients see is their prefill, and the spare's start and load run on the host (its
-        short warm-up of shapes and canary are all it asks of the device)."""
-        scheduler = self.scheduler
-        return not scheduler.replaying or (self.bringup.model.gpu and scheduler.resumed)
+        replay decodes on. On a GPU it starts at once: its start, imports and load run on
+        the host's other cores, its short warm-up of shapes and canary are all it asks of
+        the device, and a second fault of the same recovery (a poison tried alone) finds it
+        on its way instead of starting a worker from nothing while new requests wait."""
+        return self.bringup.model.gpu or not self.scheduler.replaying
 
     async def _watch(self) -> None:
         """Wait for something to decide: work, a job's end, a fault, or a silence's bound."""

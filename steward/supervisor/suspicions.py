@@ -171,9 +171,10 @@ class Suspicions:
         stepped = link.stepped()
         try:
             timeout = max(0.0, deadline - time.monotonic())
-            await asyncio.wait(
-                {stepped, link.failure}, timeout=timeout, return_when="FIRST_COMPLETED"
-            )
+            if link.last_step < aside.fault.detected:  # else it stepped while the spare took over
+                await asyncio.wait(
+                    {stepped, link.failure}, timeout=timeout, return_when="FIRST_COMPLETED"
+                )
         finally:
             stepped.cancel()
         stepped_at = link.last_step if link.last_step >= aside.fault.detected else 0.0

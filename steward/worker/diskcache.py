@@ -64,6 +64,7 @@ MIN_TOKENS = 512  # a shorter prefix is prefilled again in about the time it tak
 QUEUED = 4  # saves waiting for the writer; more are dropped (each holds a copy of its KV)
 PROBE = (16, (1, 8, 1024, 64))  # arrays and shape of the entry the read path is timed on
 SMOOTHING = 0.5  # weight of the newest read in the read speed
+MARGIN = 2.0  # a read must take at most half the prefill it spares (`pays`)
 # MLX dtype -> how its bytes are held on the host (numpy has no bfloat16)
 HOST = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16}
 
@@ -76,11 +77,13 @@ class Save:
 
 
 def pays(size: int, read_bps: float, tokens: int, prefill_tps: float) -> bool:
-    """Reading an entry of `size` bytes is sooner than prefilling the `tokens` it spares.
-    A speed not measured yet (0) says yes."""
+    """Reading an entry of `size` bytes takes at most 1/`MARGIN` of prefilling the `tokens`
+    it spares. Both speeds are estimates (the read's from a small probe and earlier reads,
+    the prefill's from chunks of other lengths), so a near tie is no reason to read: it
+    would win little and may lose. A speed not measured yet (0) says yes."""
     if read_bps <= 0 or prefill_tps <= 0:
         return True
-    return size / read_bps < tokens / prefill_tps
+    return MARGIN * size / read_bps <= tokens / prefill_tps
 
 
 def configured(settings: WorkerSettings) -> DiskCache | None:

@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -65,6 +66,7 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
     """Entry point of the spawned process."""
     lifeline.hold(settings.parent_pid)
     runtime.environment(os.environ)  # before mlx is imported
+    runtime.without_torch(sys.modules)  # before transformers is
     if settings.memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (settings.memory_limit, settings.memory_limit))
     channel = BlockingChannel(sock)

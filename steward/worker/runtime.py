@@ -50,6 +50,16 @@ def environment(environ: MutableMapping[str, str]) -> None:
     environ.setdefault("MLX_PTX_CACHE_DIR", str(kernel_dir(cache_dir(), mlx_version(), gpus())))
 
 
+def without_torch(modules: MutableMapping[str, Any]) -> None:
+    """Hide PyTorch from the worker, which never uses it. transformers (mlx-lm loads every
+    tokenizer through it) imports PyTorch wherever it is installed, as it usually is on a
+    CUDA machine, where that import was most of a worker's start (docs/benchmarks.md). A
+    `None` entry makes `find_spec("torch")` say it is absent and `import torch` fail, so
+    transformers takes its PyTorch-free paths, as on a Mac without it."""
+    if "torch" not in modules:
+        modules["torch"] = None
+
+
 def kernel_dir(cache: Path, version: str, models: str) -> Path:
     """Where MLX keeps the kernels it builds: by MLX's version and the GPUs' models."""
     return cache / "kernels" / f"mlx-{version}" / (models or "any")

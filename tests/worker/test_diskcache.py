@@ -222,6 +222,7 @@ def test_reading_pays_when_it_is_sooner_than_prefilling() -> None:
     assert pays(10**9, 0.0, 100, 1000.0) and pays(10**9, 1e6, 100, 0.0)  # not measured yet
     assert pays(10**6, 1e9, 1000, 1e4)  # 1 ms to read, 100 ms to prefill
     assert not pays(4 * 10**8, 3e8, 12_800, 2e4)  # 1.3 s to read, 0.64 s to prefill
+    assert not pays(4 * 10**8, 1e9, 12_800, 2e4)  # 0.4 s against 0.64 s: a near tie, no read
 
 
 def test_the_tier_loads_and_writes_only_where_reading_beats_prefilling(tmp_path: Path) -> None:
