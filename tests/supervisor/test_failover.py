@@ -123,6 +123,30 @@ def test_a_suspect_that_steps_after_its_spare_took_over_was_slow_and_costs_nothi
     run(scenario)
 
 
+def test_a_suspect_that_stepped_before_its_verdict_was_awaited_is_judged_at_once():
+    """Its step may land while the spare takes over, before the verdict is waited for:
+    it was slow, and that is known then, not at the ceiling."""
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        script = Script(pause={3: CEILING / 4}, gate=gate)
+        supervisor = await serving(script)
+        jobs, first = await suspected(supervisor, script)
+        for judging in list(supervisor.suspicions._judging):
+            judging.cancel()  # the verdict not yet awaited when the step lands
+        gate.set()
+        (pending,) = supervisor.bringup.asides
+        await until(lambda: first.last_step >= pending.fault.detected, within=CEILING)
+        judged = asyncio.ensure_future(supervisor.suspicions._judge(pending))
+        await until(judged.done, within=CEILING / 4)
+        await whole(jobs)
+        snap = supervisor.snapshot()
+        assert (snap.faults_total, snap.restarts_in_window) == (0, 0)
+        assert not supervisor.bringup.asides and not first.killed
+
+    run(scenario)
+
+
 def test_a_suspect_that_steps_only_after_the_ceiling_is_still_hung():
     async def scenario() -> None:
         gate = asyncio.Event()

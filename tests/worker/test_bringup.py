@@ -94,3 +94,12 @@ def test_mlx_keeps_its_kernels_in_stewards_cache(
     theirs = {"MLX_PTX_CACHE_DIR": "/srv/kernels", "MLX_CUDA_USE_CUDNN_SDPA": "1"}
     runtime.environment(theirs)
     assert theirs == {"MLX_PTX_CACHE_DIR": "/srv/kernels", "MLX_CUDA_USE_CUDNN_SDPA": "1"}
+
+
+def test_the_worker_hides_pytorch_but_keeps_one_already_imported() -> None:
+    modules: dict[str, object] = {}
+    runtime.without_torch(modules)
+    assert modules == {"torch": None}  # transformers' find_spec("torch") then says absent
+    imported = {"torch": object()}
+    runtime.without_torch(imported)
+    assert imported["torch"] is not None
