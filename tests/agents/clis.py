@@ -38,13 +38,15 @@ class Turn:
     err: str
 
     def __str__(self) -> str:
-        return f"{self.args[1:]} exited {self.code}\n--- stdout\n{self.out}\n--- stderr\n{self.err}"
+        args = [arg if len(arg) < 80 else arg[:60] + f"... ({len(arg)} chars)" for arg in self.args]
+        return f"{args[1:]} exited {self.code}\n--- stdout\n{self.out}\n--- stderr\n{self.err}"
 
 
 class Agent:
     """One CLI in a home and a working folder of its own, pointed at `url`."""
 
     name = ""
+    compacted = b""  # what the CLI writes into its session's files when it compacts it
 
     def __init__(self, command: Path, root: Path, url: str, limits: Limits) -> None:
         self.command = command
@@ -75,6 +77,10 @@ class Agent:
     def args(self, prompt: str, again: bool) -> list[str]:
         raise NotImplementedError
 
+    def holds(self, text: bytes) -> bool:
+        """Whether any file in the CLI's home (its sessions, its logs) holds `text`."""
+        return any(p.is_file() and text in p.read_bytes() for p in self.home.rglob("*"))
+
     def turn(self, prompt: str, *, again: bool = False) -> Turn:
         """One turn in the working folder; `again`: the same session's next turn."""
         args = [str(self.command), *self.args(prompt, again)]
@@ -94,6 +100,7 @@ class Claude(Agent):
     """Claude Code's `-p` (print) mode, through the Anthropic dialect."""
 
     name = "claude"
+    compacted = b'"subtype":"compact_boundary"'
 
     def env(self) -> dict[str, str]:
         limits = self.limits
@@ -105,8 +112,10 @@ class Claude(Agent):
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # telemetry, updates, reports
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(limits.output),
-            "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(limits.compact_at or limits.window),
+            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(limits.window),
         }
+        if limits.compact_at:  # a share of the window, in percent
+            env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] = str(100 * limits.compact_at // limits.window)
         return super().env() | env
 
     def args(self, prompt: str, again: bool) -> list[str]:
@@ -118,6 +127,7 @@ class Codex(Agent):
     """Codex's `exec` mode, through the Responses dialect (a provider of its own)."""
 
     name = "codex"
+    compacted = b'"type":"compacted"'
 
     def configure(self) -> None:
         limits = self.limits
@@ -153,6 +163,7 @@ class Opencode(Agent):
     """opencode's `run` mode, through chat completions (its OpenAI-compatible provider)."""
 
     name = "opencode"
+    compacted = b'"type":"compaction"'
 
     @property
     def config(self) -> Path:

@@ -48,7 +48,8 @@ def agent_model(
 
 
 ACCESS = re.compile(
-    r'"(?P<method>[A-Z]+) (?P<path>/v1/\S*)" (?P<status>\d{3})(?:.* tokens=(?P<prompt>\d+)\+\d+)?'
+    r'"(?P<method>[A-Z]+) (?P<path>/v1/\S*)" (?P<status>\d{3})'
+    r"(?:.* error=(?P<error>\S+))?(?:.* tokens=(?P<prompt>\d+)\+\d+)?"
 )
 
 
@@ -60,6 +61,7 @@ class Request:
     path: str
     status: int
     prompt_tokens: int | None
+    error: str | None
 
 
 def requests(server: Server) -> list[Request]:
@@ -67,10 +69,7 @@ def requests(server: Server) -> list[Request]:
     found = []
     for line in server.output().splitlines():
         if match := ACCESS.search(line):
-            prompt = match["prompt"]
-            found.append(
-                Request(
-                    match["method"], match["path"], int(match["status"]), prompt and int(prompt)
-                )
-            )
+            tokens = match["prompt"] and int(match["prompt"])
+            status = int(match["status"])
+            found.append(Request(match["method"], match["path"], status, tokens, match["error"]))
     return found

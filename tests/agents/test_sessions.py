@@ -117,5 +117,30 @@ def test_a_tool_round_trip(
     made = all_answered(healthy, since)
     assert len([r for r in made if r.prompt_tokens]) >= 2  # the call, then its result's answer
     # The CLI ran the call and kept its output as the tool's result in its session.
-    kept = [p for p in runner.home.rglob("*") if p.is_file() and NOTE.encode() in p.read_bytes()]
-    assert kept, f"{NOTE} is in none of {cli}'s session files"
+    assert runner.holds(NOTE.encode()), f"{NOTE} is in none of {cli}'s files"
+
+
+SHORT = Limits(16_384, output=2048, compact_at=12_000)  # what the CLI is told
+LONG_TURN = "Please read this. " + "the quick brown fox jumps over the lazy dog " * 285
+
+
+def test_a_session_that_outgrows_the_context(
+    cli: str, agent_commands: dict[str, Path], agent_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Three turns of about 2,500 tokens each on the CLI's own 8-12 thousand outgrow a
+    16,384-token context: the CLI compacts its session (in time, or on the 400 that says the
+    prompt is too long) and every turn is answered."""
+    server = start(cli, agent_model, context=SHORT.window)
+    try:
+        runner = agent(cli, agent_commands, tmp_path, server, SHORT)
+        for i in range(3):
+            turn = runner.turn(f"Turn {i}. {LONG_TURN}", again=i > 0)
+            assert turn.code == 0, turn
+            assert ANSWER.strip() in turn.out, turn
+        made = requests(server)
+        refused = [r for r in made if r.status != 200]
+        assert all(r.status == 400 and r.error == "context_length_exceeded" for r in refused), made
+        assert runner.holds(runner.compacted), f"{cli} never compacted its session: {made}"
+        assert made[-1].status == 200
+    finally:
+        server.stop()
