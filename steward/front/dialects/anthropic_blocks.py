@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from steward.front.dialects.chat_schema import MAX_PARTS
-from steward.front.dialects.openai import Strict
+from steward.front.dialects.openai import Schema
 
 MAX_ID_CHARS = 256
 TOOL_NAME = r"^[A-Za-z0-9_.-]{1,128}$"
@@ -41,19 +41,19 @@ def _kind(known: tuple[str, ...]) -> Discriminator:
     return Discriminator(kind)
 
 
-class CacheControl(Strict):
+class CacheControl(Schema):
     type: Literal["ephemeral"]
     ttl: Literal["5m", "1h"] | None = None
 
 
-class Cached(Strict):
+class Cached(Schema):
     """`cache_control` is accepted wherever Anthropic takes it, and changes nothing: the
     prompt cache is automatic (every prompt's longest cached prefix is reused)."""
 
     cache_control: CacheControl | None = None
 
 
-class Unserved(Strict):
+class Unserved(Schema):
     """A block type of Anthropic's that steward does not serve: a 400 naming it."""
 
     type: str
@@ -79,13 +79,13 @@ class TextBlock(Cached):
     citations: list[dict[str, Any]] | None = Field(None, max_length=MAX_PARTS)
 
 
-class Base64Source(Strict):
+class Base64Source(Schema):
     type: Literal["base64"]
     media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
     data: str
 
 
-class URLSource(Strict):
+class URLSource(Schema):
     type: Literal["url"]
     url: str = Field(max_length=8192)
 
@@ -144,13 +144,13 @@ class ToolResultBlock(Cached):
         return "Error: " + text if self.is_error else text
 
 
-class ThinkingBlock(Strict):
+class ThinkingBlock(Schema):
     type: Literal["thinking"]
     thinking: str
     signature: str  # steward's own, or another server's: not checked (module doc)
 
 
-class RedactedThinkingBlock(Strict):
+class RedactedThinkingBlock(Schema):
     type: Literal["redacted_thinking"]
     data: str
 
@@ -176,7 +176,7 @@ ROLE_BLOCKS = {
 }
 
 
-class MessageParam(Strict):
+class MessageParam(Schema):
     role: Literal["user", "assistant", "system"]
     content: Blocks
 

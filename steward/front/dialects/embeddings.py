@@ -25,7 +25,7 @@ from steward.errors import ApiError
 from steward.front import backend
 from steward.front.dialects.delivery import Waiter, whole
 from steward.front.dialects.exchange import dialect_router, served_model, start_job
-from steward.front.dialects.openai import MAX_NAME_CHARS, Strict
+from steward.front.dialects.openai import MAX_NAME_CHARS, Schema
 from steward.front.docs import error_responses
 from steward.supervisor.jobs import Job
 from steward.wire.protocol import Done, Embed, Vectors
@@ -34,7 +34,7 @@ TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]
 Input = StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
 
 
-class EmbeddingRequest(Strict):
+class EmbeddingRequest(Schema):
     input: Input
     model: str | None = Field(None, max_length=256)
     encoding_format: Literal["float", "base64"] = "float"

@@ -113,6 +113,7 @@ class ResponsesAnswer(Answer):
             parallel=self.parallel,
             logprobs=body.includes("message.output_text.logprobs"),
             encrypted=body.includes("reasoning.encrypted_content"),
+            namespaced=body.namespaced(),
         )
 
     def response(self, status: str) -> dict[str, Any]:
