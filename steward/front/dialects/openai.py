@@ -232,7 +232,8 @@ router = dialect_router()
 def models(request: Request) -> dict[str, Any]:
     """Every configured model's concrete names (an alias glob answers, but is not listed),
     each with its state (SPEC §9: `unloaded` ones load on demand), kind, context length
-    (once loaded) and the `max_tokens` a request that omits it gets."""
+    (its files' until a worker has loaded it: model/kind.py) and the `max_tokens` a request
+    that omits it gets."""
     config = request.app.state.config
     snapshot = backend.pool(request).snapshot(detail=False)
     return {
