@@ -17,7 +17,9 @@ from typing import Any
 
 import anyio
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 
 from steward.errors import ApiError
 from steward.front import ignored
@@ -61,12 +63,20 @@ class JSONRoute(APIRoute):
             with ignored.reading(request.app.state.config.strict_requests) as notes:
                 try:
                     return await handler(read)
+                except RequestValidationError:
+                    ignored.unknown_at_top(notes, self.body_model, read.parsed)
+                    raise
                 finally:
                     agent = request.headers.get("user-agent", "")
                     if value := ignored.finish(notes, read.parsed, self.path, agent):
                         request.state.ignored = value
 
         return checked
+
+    @property
+    def body_model(self) -> type[BaseModel]:
+        assert self.body_field is not None
+        return self.body_field.field_info.annotation
 
 
 def require_json(content_type: str | None) -> None:

@@ -14,11 +14,12 @@ clients.
 
 How: every schema model allows extras and hands them here as it validates (`unknown`, from
 the dialects' `Schema`), with the raw JSON object they came from; a dialect leaves a tool out
-with `left_out`, naming the raw list that held it. The paths are found once, at the end
-(`finish`), by one walk of the body for those objects, so a path is exact whatever union
-the model was validated through. The notes live in a context variable that the route sets
-around validation (body.py): a model validated outside a request (the store, tests) notes
-nothing.
+with `left_out`, naming the raw list that held it; a body that fails validation has its own
+top-level keys checked against its model by the route (`unknown_at_top`). The paths are
+found once, at the end (`finish`), by one walk of the body for those objects, so a path is
+exact whatever union the model was validated through. The notes live in a context variable
+that the route sets around validation (body.py): a model validated outside a request (the
+store, tests) notes nothing.
 """
 
 from __future__ import annotations
@@ -55,16 +56,11 @@ class Reading:
 
     strict: bool
     notes: dict[tuple[int, Key], Any] = field(default_factory=dict)
-    # Notes from a model that failed to validate: only the body's own are kept (a model
-    # that failed may be a union's wrong branch, whose "unknown" keys another one knows).
-    tentative: dict[tuple[int, Key], Any] = field(default_factory=dict)
 
     def paths(self, body: Any) -> list[str]:
         """Each note's path in `body`, in the body's order."""
-        notes = dict(self.notes)
-        notes |= {key: c for key, c in self.tentative.items() if c is body}
         by_container: dict[int, list[Key]] = {}
-        for cid, key in notes:
+        for cid, key in self.notes:
             by_container.setdefault(cid, []).append(key)
         found: list[str] = []
         stack: list[tuple[Any, str]] = [(body, "")]
@@ -110,16 +106,16 @@ def unknown(model: BaseModel, raw: Any) -> None:
         raise ValidationError.from_exception_data(type(model).__name__, errors)
 
 
-def unknown_in_failed(kind: type[BaseModel], raw: Any) -> None:
-    """The keys of `raw` that `kind` does not know, where validating it failed: named too
-    (a 400 for another reason still says what was not known), if `raw` is the body."""
-    current = _current.get()
-    if current is None or not isinstance(raw, dict):
+def unknown_at_top(current: Reading, kind: type[BaseModel], body: Any) -> None:
+    """The body's own keys that its model (`kind`) does not know, where validating it
+    failed (its model's validator noted none): named too, since a 400 for another reason
+    still says what was not known. The models inside that validated noted their own."""
+    if not isinstance(body, dict):
         return
     known = {f.alias or name for name, f in kind.model_fields.items()} | set(kind.model_fields)
-    for name in raw:
+    for name in body:
         if name not in known:
-            current.tentative.setdefault((id(raw), name), raw)
+            current.notes.setdefault((id(body), name), body)
 
 
 def left_out(container: list[Any], index: int) -> bool:
@@ -136,10 +132,26 @@ def tool_kind(tool: dict[str, Any]) -> str:
     return str(tool.get("type"))[:64]
 
 
+def served_tools(tools: Any, servable: Callable[[dict[str, Any]], bool], why: str) -> Any:
+    """`tools` (raw, before validation) less those steward cannot serve (not `servable`:
+    a server tool, a tool with no schema), each left out and noted; with
+    `--strict-requests` the first is a 400 (`why`, after its index and type)."""
+    if not isinstance(tools, list):
+        return tools  # validation says what is wrong
+    kept = []
+    for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and not servable(tool):
+            if left_out(tools, i):
+                raise ValueError(f"tools.{i}: the {tool_kind(tool)!r} tool {why}")
+            continue
+        kept.append(tool)
+    return kept
+
+
 def finish(current: Reading, body: Any, route: str, agent: str) -> str | None:
     """The `steward-ignored` header's value for what `current` noted in `body` (None:
     nothing), each field logged the first time this process meets it on `route`."""
-    paths = current.paths(body) if current.notes or current.tentative else []
+    paths = current.paths(body) if current.notes else []
     for path in paths:
         _log_once(route, path, agent, body)
     return header(paths) if paths else None
@@ -181,22 +193,6 @@ def _log_once(route: str, path: str, agent: str, body: Any) -> None:
         agent or "an unnamed client",
         HEADER,
     )
-
-
-def served_tools(tools: Any, servable: Callable[[dict[str, Any]], bool], why: str) -> Any:
-    """`tools` (raw, before validation) less those steward cannot serve (not `servable`:
-    a server tool, a tool with no schema), each left out and noted; with
-    `--strict-requests` the first is a 400 (`why`, after its index and type)."""
-    if not isinstance(tools, list):
-        return tools  # validation says what is wrong
-    kept = []
-    for i, tool in enumerate(tools):
-        if isinstance(tool, dict) and not servable(tool):
-            if left_out(tools, i):
-                raise ValueError(f"tools.{i}: the {tool_kind(tool)!r} tool {why}")
-            continue
-        kept.append(tool)
-    return kept
 
 
 def _at(body: Any, path: str) -> Any:

@@ -148,6 +148,10 @@ def test_a_400_for_another_reason_still_names_them() -> None:
     assert answer.headers["steward-ignored"] == "max_token"
     gone = http.post("/v1/responses", json={"input": HI, "x_trace": 1, "previous_response_id": "r"})
     assert gone.status_code == 400 and gone.headers["steward-ignored"] == "x_trace"
+    # refused by a validator that runs before any other (the fuzzer found it)
+    boxed = {"max_tokens": 2, "messages": [{"role": "user", "content": HI}], "container": "c"}
+    refused = http.post("/v1/messages", json=boxed | {"x_trace": 1})
+    assert refused.status_code == 400 and refused.headers["steward-ignored"] == "x_trace"
 
 
 def test_a_stream_carries_the_header() -> None:
@@ -212,6 +216,33 @@ def test_anthropic_tools_with_a_schema_are_served_whatever_else_they_carry() -> 
     served = supervisor.jobs[-1].request.tools or []
     assert [tool["function"]["name"] for tool in served] == ["deferred", "rich"]
     assert all(tool == {"type": "function", "function": tool["function"]} for tool in served)
+
+
+def test_a_tool_search_result_reads_as_the_tools_definitions() -> None:
+    """Claude Code 2.1.332 answers its `ToolSearch` with `tool_reference` blocks (and adds
+    the tool to `tools`): the tool turn shows each as ToolSearch promises, a `<function>`
+    line of its definition."""
+    http, supervisor = client(hello)
+    cron = {"name": "CronList", "description": "List cron jobs.", "input_schema": PARAMETERS}
+    search = {"name": "ToolSearch", "input_schema": PARAMETERS}
+    call = {"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"query": "cron"}}
+    found = [{"type": "tool_reference", "tool_name": "CronList"}]
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": found}
+    body = {
+        "max_tokens": 4,
+        "tools": [search, cron | {"defer_loading": True}],
+        "messages": [
+            {"role": "user", "content": "find cron tools"},
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [result | {"cache_control": {"type": "ephemeral"}}]},
+        ],
+    }
+    answer = http.post("/v1/messages", json=body)
+    assert answer.status_code == 200, answer.text
+    definition = {"name": "CronList", "description": "List cron jobs.", "parameters": PARAMETERS}
+    tool_turn = supervisor.jobs[-1].request.messages[-1]
+    assert tool_turn["role"] == "tool" and tool_turn["name"] == "ToolSearch"
+    assert tool_turn["content"] == f"<function>{json.dumps(definition)}</function>"
 
 
 def test_chat_tools_of_any_type_with_a_function_are_served() -> None:

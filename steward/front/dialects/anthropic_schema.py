@@ -284,11 +284,12 @@ class MessagesPrompt(Schema):
             turns.append({"role": "system", "content": text_of(self.system)})
         kept = self._thinking_turns()
         names: dict[str, str] = {}  # tool_use id -> name, for the tool turns answering them
+        tools = {tool.name: tool.for_template()["function"] for tool in self.tools or []}
         for i, message in enumerate(self.messages):
             if message.role == "assistant":
                 turns.append(assistant_turn(message, i in kept, names))
             else:
-                turns += user_turns(message, names)
+                turns += user_turns(message, names, tools)
         return turns
 
     def _thinking_turns(self) -> set[int]:

@@ -1,12 +1,15 @@
 """The body of `POST /v1/chat/completions`, validated before anything reaches the worker.
 
 Bounds live here (message counts, parts, tools, names), beside the shared sampling ones
-(openai.py). Fields OpenAI documents that change nothing here are accepted on purpose and
-documented as no-ops: `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`
-(the prompt cache is automatic; prewarming is refused), `safety_identifier`,
-`verbosity`; `modalities` may only ask for text. `reasoning_effort` turns a thinking model's
-thinking off (`none`, `minimal`) or on. The legacy `functions` / `function_call` are read as
-`tools` / `tool_choice`, and answered in their own legacy shape (chat.py).
+(openai.py), whose rule for parameters holds here. Fields OpenAI documents that change
+nothing here are accepted on purpose and documented as no-ops: `prompt_cache_key`,
+`prompt_cache_retention`, `prompt_cache_options` (the prompt cache is automatic;
+prewarming is refused), `safety_identifier`, `verbosity`, `audio`, `prediction`;
+`modalities` may only ask for text; `moderation` and `web_search_options` are refused.
+`reasoning_effort` turns a thinking model's thinking off (`none`, `minimal`) or on. A tool
+that carries a function is served as one whatever its `type`; one without (`custom`, a
+hosted tool) is left out and named (ignored.py). The legacy `functions` / `function_call`
+are read as `tools` / `tool_choice`, and answered in their own legacy shape (chat.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from steward.front import backend
 from steward.front.dialects.delivery import Waiter, whole
 from steward.front.dialects.exchange import dialect_router, served_model, start_job
 from steward.front.dialects.openai import MAX_NAME_CHARS, Schema
-from steward.front.docs import error_responses
+from steward.front.docs import IGNORED, error_responses
 from steward.supervisor.jobs import Job
 from steward.wire.protocol import Done, Embed, Vectors
 
@@ -106,7 +106,10 @@ def answer(model: str, encoding: str, done: Done) -> dict[str, Any]:
 router = dialect_router()
 
 
-@router.post("/embeddings", responses=error_responses(400, 404, 422, 429, 504, 507))
+@router.post(
+    "/embeddings",
+    responses={200: {"headers": IGNORED}, **error_responses(400, 404, 422, 429, 504, 507)},
+)
 async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
     model = served_model(request, body.model, kind="embedding")
     inputs = checked(request, body.inputs())

@@ -26,7 +26,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
-    ValidationError,
     model_validator,
 )
 
@@ -58,11 +57,7 @@ class Schema(BaseModel):
     @model_validator(mode="wrap")
     @classmethod
     def _unknown(cls, value: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
-        try:
-            model = handler(value)
-        except ValidationError:
-            ignored.unknown_in_failed(cls, value)
-            raise
+        model = handler(value)
         ignored.unknown(model, value)
         return model
 
