@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (once) and installs steward with the default model into it.
-# Usage: scripts/setup.sh [test]   — "test" adds the test dependencies.
+# Usage: scripts/setup.sh [test]   — "test" adds the test dependencies, and the agents' CLIs
+# (Claude Code, Codex, opencode) from npm into .venv/agents, where node and npm are found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,4 +18,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # dependencies are a training and audio toolkit's; the [vision] extra has what it needs.
   .venv/bin/python -m pip install -q --no-deps mlx-vlm==0.7.10
   touch "$stamp"
+fi
+if [ "${1:-}" = test ]; then
+  # The agents' CLIs at their pinned versions (tests/agents/install.py; each version is
+  # installed once). Without npm the agents' tests skip, saying how to get node.
+  .venv/bin/python -m tests.agents.install || echo "setup: the agents' tests will skip" >&2
 fi

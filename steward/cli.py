@@ -160,6 +160,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     _flag(p, "max-n", int, "most choices (`n`) one request may ask for, each a batch member")
     _flag(
         p,
+        "strict-requests",
+        bool,
+        "refuse a field steward does not know, or a tool it cannot serve, with a 400 naming "
+        "it (default: ignore it, naming it in the steward-ignored response header)",
+    )
+    _flag(
+        p,
         "max-tokens-default",
         int,
         "tokens an answer may have when the request sets no max_tokens, or less where the "

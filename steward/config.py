@@ -37,6 +37,7 @@ class ServeConfig:
     allow_image_urls: bool = False
     max_batch: int = 0  # 0: auto, sized by memory and the measured knee (worker/width.py)
     max_n: int = 8  # choices per request
+    strict_requests: bool = False  # refuse unknown fields and unservable tools (ignored.py)
     max_tokens_default: int = 4096  # the cap when a request gives no max_tokens (0: none)
     standby: str = "auto"  # auto, none, warm (runtime up, no model) or hot (model loaded)
     prompt_cache_bytes: int = 1024 * 1024 * 1024

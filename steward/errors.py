@@ -62,6 +62,43 @@ ERROR_TYPES: dict[ErrorType, tuple[int, bool]] = {
 MAX_RETRY_AFTER = 120
 
 
+@dataclass(frozen=True)
+class Overflow:
+    """A prompt the context cannot hold beside the completion the request wants: the
+    prompt's tokens (`at_least`: a lower bound, counted from its characters before it was
+    tokenised), the context's, the completion's. Each dialect's envelope words it as its
+    own API does, with the numbers agents read back to compact by (Claude Code parses N and
+    M out of "prompt is too long: N tokens > M maximum")."""
+
+    prompt_tokens: int
+    context_length: int
+    completion_tokens: int
+    at_least: bool = False
+
+    @property
+    def maximum(self) -> int:
+        """The longest prompt this request could have had."""
+        return self.context_length - self.completion_tokens
+
+    def openai(self) -> str:
+        """OpenAI's words (the code `context_length_exceeded` is what Codex and opencode
+        read)."""
+        least = "at least " if self.at_least else ""
+        prompt, completion = self.prompt_tokens, self.completion_tokens
+        counted = ", counted from its length before tokenising" if self.at_least else ""
+        return (
+            f"This model's maximum context length is {self.context_length} tokens. However, "
+            f"you requested {least}{prompt + completion} tokens ({least}{prompt} in the "
+            f"prompt{counted}, {completion} in the completion). Please reduce the length of "
+            "the prompt or the completion."
+        )
+
+    def anthropic(self) -> str:
+        """Anthropic's words, which Claude Code matches to compact."""
+        least = "at least " if self.at_least else ""
+        return f"prompt is too long: {least}{self.prompt_tokens} tokens > {self.maximum} maximum"
+
+
 @dataclass
 class ApiError(Exception):
     """An error for one request, rendered as the SPEC §4 envelope."""
@@ -72,6 +109,12 @@ class ApiError(Exception):
     fault: dict[str, str] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     param: str | None = None  # the request field at fault, when one is (OpenAI's `param`)
+    overflow: Overflow | None = None  # a prompt over the context (`too_long`)
+
+    @classmethod
+    def too_long(cls, overflow: Overflow) -> ApiError:
+        """`context_length_exceeded`, in OpenAI's words unless an envelope words it."""
+        return cls("context_length_exceeded", overflow.openai(), overflow=overflow)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -154,12 +197,14 @@ ANTHROPIC_TYPES: dict[ErrorType, str] = {
 class AnthropicEnvelope(Envelope):
     """Anthropic's `{"type": "error", "error": {"type", "message"}, "request_id"}`, with
     steward's own type as `code` and its retry and fault fields added: the body of an
-    error response and, unchanged, the data of a stream's `event: error`."""
+    error response and, unchanged, the data of a stream's `event: error`. A prompt over
+    the context says so in Anthropic's words (`Overflow.anthropic`)."""
 
     def body(self, error: ApiError, request_id: str) -> dict[str, Any]:
+        message = error.overflow.anthropic() if error.overflow else error.message
         shaped = {
             "type": ANTHROPIC_TYPES[ErrorType(error.type)],
-            "message": error.message,
+            "message": message,
             "code": error.type,
             **error.details(),
         }

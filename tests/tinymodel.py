@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -96,6 +97,7 @@ class Llama:
     ffn: int
     context: int
     tied: bool
+    rope_theta: float = 10000.0
 
     @property
     def ones(self) -> np.ndarray:
@@ -123,7 +125,7 @@ class Llama:
             "num_attention_heads": self.heads,
             "num_key_value_heads": self.kv_heads,
             "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
+            "rope_theta": self.rope_theta,
             "vocab_size": self.vocab,
             "max_position_embeddings": self.context,
             "tie_word_embeddings": self.tied,
@@ -159,24 +161,74 @@ def save(out: Path, weights: dict[str, np.ndarray], dtype: str = "float32") -> N
     mx.save_safetensors(str(out / "model.safetensors"), arrays, metadata={"format": "mlx"})
 
 
-# A template in LFM2's tool-call format (mlx-lm's `pythonic` parser, which it infers from
-# `<|tool_call_start|>` in the template): the tools listed in the system turn, an assistant's
-# calls rendered back as `[name(key="value")]` between the markers, a tool's answer as a turn.
-TOOL_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nList of tools: <|tool_list_start|>"
-    "{{ tools | tojson }}<|tool_list_end|><|im_end|>\n{% endif %}"
-    "{%- for message in messages %}<|im_start|>{{ message.role }}\n"
-    "{% if message.content is string %}{{ message.content }}{% endif %}"
-    "{% if message.tool_calls %}<|tool_call_start|>["
-    "{%- for call in message.tool_calls %}{% if not loop.first %}, {% endif %}"
-    "{{ call.function.name }}("
-    "{%- for key, value in call.function.arguments.items() %}"
-    "{% if not loop.first %}, {% endif %}{{ key }}={{ value | tojson }}{% endfor %})"
-    "{%- endfor %}]<|tool_call_end|>{% endif %}<|im_end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+def tool_template(result_mark: str = "") -> str:
+    """A template in LFM2's tool-call format (mlx-lm's `pythonic` parser, which it infers
+    from `<|tool_call_start|>` in the template): the tools listed in the system turn, an
+    assistant's calls rendered back as `[name(key="value")]` between the markers, a tool's
+    answer as a turn (its text after `result_mark`, where one is given)."""
+    mark = "{% if message.role == 'tool' %}" + result_mark + "{% endif %}" if result_mark else ""
+    return (
+        "{%- if tools %}<|im_start|>system\nList of tools: <|tool_list_start|>"
+        "{{ tools | tojson }}<|tool_list_end|><|im_end|>\n{% endif %}"
+        "{%- for message in messages %}<|im_start|>{{ message.role }}\n"
+        f"{mark}{{% if message.content is string %}}{{{{ message.content }}}}{{% endif %}}"
+        "{% if message.tool_calls %}<|tool_call_start|>["
+        "{%- for call in message.tool_calls %}{% if not loop.first %}, {% endif %}"
+        "{{ call.function.name }}("
+        "{%- for key, value in call.function.arguments.items() %}"
+        "{% if not loop.first %}, {% endif %}{{ key }}={{ value | tojson }}{% endfor %})"
+        "{%- endfor %}]<|tool_call_end|>{% endif %}<|im_end|>\n{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
+TOOL_TEMPLATE = tool_template()
 TOOL_MARKERS = ("<|tool_call_start|>", "<|tool_call_end|>")
 TOOL_SCRIPT = '<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>'
+
+
+def add_tokens(out: Path, tokenizer_dir: Path, added: tuple[str, ...], chat_template: str) -> int:
+    """Copy the tokenizer into `out` with `added` as single (special) tokens, as tool-call
+    markers are in the models that use them, and `chat_template` as its template; the
+    vocabulary's size."""
+    take_tokenizer(out, tokenizer_dir)
+    spec = json.loads((out / "tokenizer.json").read_text())
+    known = {t["content"] for t in spec["added_tokens"]}
+    next_id = 1 + max([*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])])
+    for content in added:
+        if content not in known:
+            spec["added_tokens"].append(
+                {
+                    "id": next_id,
+                    "content": content,
+                    "single_word": False,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "special": True,
+                }
+            )
+            next_id += 1
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({**config, "chat_template": chat_template}, indent=2)
+    )
+    return next_id
+
+
+def trigger(tokenizer: Any) -> int:
+    """The generation prompt's last token: the one every chat answer follows."""
+    hello = [{"role": "user", "content": "hello"}]
+    rendered = tokenizer.apply_chat_template(hello, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(rendered, add_special_tokens=False)[-1]
+
+
+def distinct(tokenizer: Any, chain: list[int], *others: int) -> None:
+    """A chain of tokens, each mapped to the next, must not repeat one, nor hold `others`."""
+    if len(set(chain)) < len(chain) or set(others) & set(chain):
+        pieces = tokenizer.convert_ids_to_tokens(chain)
+        raise ValueError(f"the trigger and script tokens must be distinct: {pieces}")
 
 
 def build_scripted_model(
@@ -202,45 +254,15 @@ def build_scripted_model(
     """
     from transformers import AutoTokenizer
 
-    take_tokenizer(out, tokenizer_dir)
-    spec = json.loads((out / "tokenizer.json").read_text())
-    known = {t["content"] for t in spec["added_tokens"]}
-    next_id = 1 + max([*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])])
-    for content in added:
-        if content not in known:
-            spec["added_tokens"].append(
-                {
-                    "id": next_id,
-                    "content": content,
-                    "single_word": False,
-                    "lstrip": False,
-                    "rstrip": False,
-                    "normalized": False,
-                    "special": True,
-                }
-            )
-            next_id += 1
-    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
-    config = json.loads((out / "tokenizer_config.json").read_text())
-    (out / "tokenizer_config.json").write_text(
-        json.dumps({**config, "chat_template": chat_template}, indent=2)
-    )
-
+    vocab = add_tokens(out, tokenizer_dir, added, chat_template)
     tokenizer = AutoTokenizer.from_pretrained(str(out))
-    hello = [{"role": "user", "content": "hello"}]
-    rendered = tokenizer.apply_chat_template(hello, add_generation_prompt=True, tokenize=False)
-    prompt = tokenizer.encode(rendered, add_special_tokens=False)
-    script = tokenizer.encode(text, add_special_tokens=False)
     eos = tokenizer.eos_token_id
     (filler,) = tokenizer.encode(".", add_special_tokens=False)
-    chain = [prompt[-1], *script]
-    if len(set(chain)) < len(chain) or {eos, filler} & set(chain):
-        pieces = tokenizer.convert_ids_to_tokens(chain)
-        raise ValueError(f"the trigger and script tokens must be distinct: {pieces}")
+    chain = [trigger(tokenizer), *tokenizer.encode(text, add_special_tokens=False)]
+    distinct(tokenizer, chain, eos, filler)
     if len(chain) + 1 > hidden:
         raise ValueError(f"{len(chain)} script tokens need hidden > {len(chain)}")
 
-    vocab = next_id
     shape = Llama(vocab, hidden, 1, heads=4, kv_heads=2, ffn=2 * hidden, context=2048, tied=False)
     normal = shape.write_config(out)
 

@@ -121,6 +121,6 @@ def _param(error: dict) -> str | None:
 def _describe(error: dict) -> str:
     where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-    if error.get("type") == "extra_forbidden":  # the README's rule for parameters
-        message = "unrecognized request argument: steward refuses what it does not know"
+    if error.get("type") == "extra_forbidden":  # only with --strict-requests (ignored.py)
+        message = "unrecognized request argument (refused: --strict-requests)"
     return message if not where and ": " in message else f"{where or 'body'}: {message}"

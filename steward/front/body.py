@@ -17,9 +17,12 @@ from typing import Any
 
 import anyio
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 
 from steward.errors import ApiError
+from steward.front import ignored
 
 MAX_DEPTH = 32  # OpenAI bodies nest a handful of levels; JSON schemas (tools) a few more
 # Values in one body: a 2048-message chat is about 10,000; validating far more would hold
@@ -29,6 +32,11 @@ OFF_LOOP_BYTES = 256 * 1024
 
 
 class JSONRequest(Request):
+    @property
+    def parsed(self) -> Any:
+        """The body as parsed (None until `json()` has read it)."""
+        return getattr(self, "_json", None)
+
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
@@ -40,17 +48,35 @@ class JSONRequest(Request):
 
 
 class JSONRoute(APIRoute):
-    """A route whose body must be JSON (`Content-Type: application/json`), read by `parse`."""
+    """A route whose body must be JSON (`Content-Type: application/json`), read by `parse`;
+    what it carries that steward does not know is noted as it validates (ignored.py), for
+    the `steward-ignored` header the middleware writes on whatever answers it."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def checked(request: Request) -> Response:
-            if self.body_field is not None:
-                require_json(request.headers.get("content-type"))
-            return await handler(JSONRequest(request.scope, request.receive))
+            if self.body_field is None:
+                return await handler(request)
+            require_json(request.headers.get("content-type"))
+            read = JSONRequest(request.scope, request.receive)
+            with ignored.reading(request.app.state.config.strict_requests) as notes:
+                try:
+                    return await handler(read)
+                except RequestValidationError:
+                    ignored.unknown_at_top(notes, self.body_model, read.parsed)
+                    raise
+                finally:
+                    agent = request.headers.get("user-agent", "")
+                    if value := ignored.finish(notes, read.parsed, self.path, agent):
+                        request.state.ignored = value
 
         return checked
+
+    @property
+    def body_model(self) -> type[BaseModel]:
+        assert self.body_field is not None
+        return self.body_field.field_info.annotation
 
 
 def require_json(content_type: str | None) -> None:

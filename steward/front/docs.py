@@ -40,6 +40,15 @@ class Envelope(BaseModel):
     request_id: str
 
 
+# What a request carried that steward does not know (ignored.py), on answers and errors.
+IGNORED = {
+    "steward-ignored": {
+        "description": "the paths of fields and tools the request carried that steward does "
+        "not know or serve, left out (`client_metadata, tools.8`); absent when none",
+        "schema": {"type": "string"},
+    }
+}
+
 # Errors any route can meet: a bug, too many connections, a slow or oversized body.
 COMMON = (408, 413, 500, 503)
 GENERATION = (400, 404, 422, 429, 504, 507)
@@ -51,7 +60,11 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     for name, (status, _retryable) in ERROR_TYPES.items():
         types.setdefault(status, []).append(name)
     return {
-        status: {"model": Envelope, "description": "error: " + ", ".join(types[status])}
+        status: {
+            "model": Envelope,
+            "description": "error: " + ", ".join(types[status]),
+            "headers": IGNORED,
+        }
         for status in sorted({*statuses, *COMMON})
     }
 
@@ -67,6 +80,7 @@ def generation_responses(obj: str) -> dict[int | str, dict[str, Any]]:
                 "application/json": {"schema": {"type": "object"}},
                 "text/event-stream": {},  # events: `data: {chunk}` lines
             },
+            "headers": IGNORED,
         },
         **error_responses(*GENERATION),
     }

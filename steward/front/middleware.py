@@ -1,5 +1,6 @@
-"""ASGI middleware: a request id on every response, a bounded request body that must
-arrive in time, and the answer to requests on connections over the cap.
+"""ASGI middleware: a request id on every response (and the `steward-ignored` header where
+the route noted fields it does not know), a bounded request body that must arrive in time,
+and the answer to requests on connections over the cap.
 
 Pure ASGI rather than `BaseHTTPMiddleware`, so streaming responses pass straight through
 and a body over the limit is refused while it arrives, before it is buffered whole.
@@ -18,11 +19,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from steward.config import ServeConfig
 from steward.errors import ApiError, error_response
 from steward.front.connections import OVER_CAP
+from steward.front.ignored import HEADER
 from steward.ops.metrics import Metrics
 
 access = logging.getLogger("steward.access")
 
 SANE_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+IGNORED_HEADER = HEADER.encode()
 
 
 def request_id_from(scope: Scope) -> str:
@@ -88,6 +91,8 @@ class RequestContext:
                 headers = message.setdefault("headers", [])
                 if not any(name.lower() == b"x-request-id" for name, _ in headers):
                     headers.append((b"x-request-id", header))
+                if named := scope["state"].get("ignored"):  # ignored.py
+                    headers.append((IGNORED_HEADER, named.encode()))
             await send(message)
 
         declared = dict(scope.get("headers", [])).get(b"content-length", b"0")

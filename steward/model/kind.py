@@ -1,4 +1,6 @@
-"""Whether a model generates (`chat`) or embeds (`embedding`), from its files, without mlx.
+"""What a model's files say of it, read without mlx: whether it generates (`chat`) or embeds
+(`embedding`), and its context length (the worker's bound on prompts, and what `/v1/models`
+shows of a model that has never loaded).
 
 A model directory says so when it is unambiguous: a sentence-transformers layout
 (`modules.json`, which every sentence-transformers model has, decoder-based embedders such
@@ -40,3 +42,20 @@ def resolve(asked: str, source: ModelSource) -> str:
 def model_type(model_dir: Path) -> str:
     config = json.loads((model_dir / "config.json").read_text())
     return str(config.get("model_type", ""))
+
+
+def context_length(model_dir: Path) -> int:
+    config = json.loads((model_dir / "config.json").read_text())
+    text_config = config.get("text_config", config)
+    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+        if isinstance(text_config.get(key), int):
+            return text_config[key]
+    return 4096
+
+
+def declared_context(source: ModelSource | None) -> int | None:
+    """A model directory's context length, before any worker loads it (None: a GGUF file
+    not imported yet, whose length its import writes)."""
+    if source is None or source.kind != "mlx" or not (source.path / "config.json").is_file():
+        return None
+    return context_length(source.path)

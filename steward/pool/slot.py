@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from steward.config import ServeConfig
+from steward.model import kind
 from steward.model.resolve import is_vision
 from steward.pool import budget
 from steward.pool.catalog import ModelEntry
@@ -40,7 +41,7 @@ class Slot:
         )  # takes images
         self.measured = 0  # model bytes its last worker reported
         self.load_s: float | None = None
-        self.context_length: int | None = None
+        self.context_length = kind.declared_context(self.source)  # a load measures it again
         self.failure: str | None = None
         self.hot = False  # its standby chose a hot spare
         self.calibration: Calibration | None = None  # what its first worker measured
@@ -53,8 +54,8 @@ class Slot:
 
     @property
     def known_context_length(self) -> int | None:
-        """Its worker's context length, else what its last load measured (None: never
-        loaded)."""
+        """Its worker's context length, else what its last load measured, else what its
+        files declare (None: a GGUF never imported)."""
         return (self.supervisor and self.supervisor.context_length) or self.context_length
 
     def need(self) -> int:

@@ -14,7 +14,7 @@ import logging
 import time
 
 from steward.config import ServeConfig
-from steward.errors import ApiError
+from steward.errors import ApiError, Overflow
 from steward.supervisor import admission
 from steward.supervisor.admission import Admission
 from steward.supervisor.events import Observers
@@ -93,7 +93,7 @@ class Dispatcher:
         self.admission.wake.set()  # the loop has something to decide
         log.debug("request %s %s", job.request_id, result)
         if isinstance(result, Rejected):
-            self.end(job, ApiError(result.type, result.message))
+            self.end(job, rejection(result))
             return
         if result.finish_reason == "cancelled":
             self.end(job, result, JobStatus.CANCELLED)
@@ -169,3 +169,12 @@ class Dispatcher:
                 job.seq, job.attempts + 1, prompt_text(job.request), 0
             ):
                 raise InjectedBug(f"injected supervisor:{action} on request {job.seq}")
+
+
+def rejection(rejected: Rejected) -> ApiError:
+    """The worker's refusal of a request as its error; a prompt over the context keeps its
+    counts, for each dialect's words."""
+    if not rejected.context_length:
+        return ApiError(rejected.type, rejected.message)
+    counts = (rejected.prompt_tokens, rejected.context_length, rejected.completion_tokens)
+    return ApiError.too_long(Overflow(*counts))

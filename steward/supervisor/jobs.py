@@ -17,7 +17,7 @@ from enum import StrEnum
 
 import msgspec
 
-from steward.errors import ApiError
+from steward.errors import ApiError, Overflow
 from steward.wire.protocol import CallDelta, Done, Embed, Generate, Logprob, Token
 
 Event = Token | Done | ApiError
@@ -93,12 +93,8 @@ class Job:
             )
         if self.prompt_chars <= (context_length - wanted) * max_token_chars:
             return None
-        return ApiError(
-            "context_length_exceeded",
-            f"This model's maximum context length is {context_length} tokens; the prompt "
-            f"has {self.prompt_chars} characters, more than {context_length - wanted} tokens "
-            "can hold.",
-        )
+        least = -(-self.prompt_chars // max_token_chars)  # tokens it has at the least
+        return ApiError.too_long(Overflow(least, context_length, wanted, at_least=True))
 
     def waits_until(self, queue_timeout: float, deadline: float) -> float:
         """When waiting for it ends (the request's `deadline` at the latest).

@@ -235,11 +235,15 @@ class Done(_Msg):
 
 
 class Rejected(_Msg):
-    """The request itself is unacceptable (e.g. too long for the context): no fault."""
+    """The request itself is unacceptable (e.g. too long for the context): no fault. A
+    prompt too long for the context says its counts, for each dialect to word them."""
 
     id: int
     type: str
     message: str
+    prompt_tokens: int = 0
+    context_length: int = 0  # 0: not a prompt over the context
+    completion_tokens: int = 0
 
 
 class StepClock(_Part):

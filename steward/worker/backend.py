@@ -10,7 +10,6 @@ reported as `Failed` and classified by the supervisor.
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from mlx_lm import load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model
 
+from steward.model.kind import context_length
 from steward.wire.protocol import Generate, Rejected
 from steward.worker.answer import Answer
 from steward.worker.grammar import BatchStep, Grammars
@@ -27,16 +27,6 @@ from steward.worker.logits import Processor
 from steward.worker.logprobs import Logprobs
 from steward.worker.reasoning import ReasoningSplit, split_for
 from steward.worker.toolcalls import ToolCalls
-
-
-def context_length(model_dir: Path) -> int:
-    config = json.loads((model_dir / "config.json").read_text())
-    text_config = config.get("text_config", config)
-    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
-        if isinstance(text_config.get(key), int):
-            return text_config[key]
-    return 4096
-
 
 # What templating and tokenising raise for a request they cannot handle (a template's
 # `raise_exception`, a role it does not know): that request's 400, never a backend fault.
@@ -159,7 +149,8 @@ def vocab_size(model: Any, tokenizer: Any) -> int:
 
 
 def over_context(req: Generate, context_length: int, prompt_tokens: int) -> Rejected | None:
-    """A prompt and its completion must fit the context: else a 400 for the request, no fault."""
+    """A prompt and its completion must fit the context: else a 400 for the request, no
+    fault, with the counts each dialect words its error with (errors.py `Overflow`)."""
     wanted = req.max_tokens or 1
     if context_length - prompt_tokens >= wanted:
         return None
@@ -167,6 +158,8 @@ def over_context(req: Generate, context_length: int, prompt_tokens: int) -> Reje
         req.id,
         "context_length_exceeded",
         f"This model's maximum context length is {context_length} tokens; the prompt has "
-        f"{prompt_tokens} tokens and {wanted} were requested for the "
-        "completion.",
+        f"{prompt_tokens} tokens and {wanted} were requested for the completion.",
+        prompt_tokens=prompt_tokens,
+        context_length=context_length,
+        completion_tokens=wanted,
     )

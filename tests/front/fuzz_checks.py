@@ -1,7 +1,10 @@
 """Schemathesis hooks for test_fuzz.py (loaded by the `st` CLI via SCHEMATHESIS_HOOKS).
 
-One custom check: every error answer is its dialect's envelope (SPEC §4; Anthropic's
-under /v1/messages, with steward's fields added).
+Two custom checks: every error answer is its dialect's envelope (SPEC §4; Anthropic's
+under /v1/messages, with steward's fields added); and every top-level field a body carries
+that its route's schema lacks is named in the `steward-ignored` header, on the answer or
+the error (SPEC §8: ignored, never refused, never silently dropped). The schemas allow
+extra fields, so the fuzzer sends them, of any name.
 """
 
 from __future__ import annotations
@@ -9,6 +12,10 @@ from __future__ import annotations
 import json
 
 import schemathesis
+
+from steward.errors import ApiError
+from steward.front.body import check
+from steward.front.ignored import join
 
 
 @schemathesis.check
@@ -36,3 +43,34 @@ def error_envelope(ctx, response, case) -> None:
     assert should_retry == ("true" if error["retryable"] else "false"), (
         f"x-should-retry {should_retry!r} does not match retryable={error['retryable']}"
     )
+
+
+@schemathesis.check
+def unknown_fields_named(ctx, response, case) -> None:
+    """Each top-level field of the body that the schema does not have is in
+    `steward-ignored` (or past its bound, counted as `+N more`)."""
+    if not isinstance(case.body, dict) or not case.operation.body or response.status_code >= 500:
+        return
+    if case.method.upper() != case.operation.method.upper():  # a 405: no route ran
+        return
+    sent_as = response.request.headers.get("Content-Type", "")
+    if "json" not in sent_as or not readable(case.body):
+        return  # refused before validation
+    known = case.operation.body[0].resolved_schema.get("properties", {})
+    unknown = [join("", key) for key in case.body if key not in known]
+    if not unknown or response.status_code in (401, 413):  # refused before the body is read
+        return
+    named = response.headers.get("steward-ignored", [""])[0]
+    if named.endswith(" more"):
+        return
+    missing = [path for path in unknown if path not in named.split(", ")]
+    assert not missing, f"{missing} not named in steward-ignored: {named!r}"
+
+
+def readable(body: object) -> bool:
+    """A body steward reads at all (body.py: encodable strings, bounded nesting)."""
+    try:
+        check(body)
+    except ApiError:
+        return False
+    return True

@@ -146,7 +146,6 @@ def test_an_unknown_route_names_the_served_ones() -> None:
     ("body", "param"),
     [
         (CHAT | {"temperature": 9}, "temperature"),
-        (CHAT | {"max_token": 9}, "max_token"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages.0.content.str"),
         (CHAT | {"tool_choice": "required"}, "tool_choice"),
         (CHAT | {"modalities": ["text", "audio"]}, "modalities"),

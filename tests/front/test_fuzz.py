@@ -3,16 +3,19 @@
 A real server on a tiny random-weight model with a 64-token context, so no generation can
 be long. Schemathesis (its `st` CLI, in a subprocess with a hard time bound) sends what the
 schema allows and what it does not; every answer must conform to the schema the server
-documents, no answer may be a 5xx, every error must be the SPEC §4 envelope
-(tests/front/fuzz_checks.py), and nothing a client sends is a backend fault or changes the
-state (SPEC §5a): no fault counted, no worker replaced, and `/health`, watched throughout,
-never leaves serving (`ready`, or `degraded` without a fault: decode measured slow, which
-on a busy machine it honestly is, is no state change the fuzzer's input caused).
+documents, no answer may be a 5xx, every error must be the SPEC §4 envelope, every field the
+schema lacks (the schemas allow them: steward ignores them) must be named in the
+`steward-ignored` header (tests/front/fuzz_checks.py), and nothing a client sends is a
+backend fault or changes the state (SPEC §5a): no fault counted, no worker replaced, and
+`/health`, watched throughout, never leaves serving (`ready`, or `degraded` without a
+fault: decode measured slow, which on a busy machine it honestly is, is no state change the
+fuzzer's input caused).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -31,6 +34,7 @@ CHECKS = (
     "content_type_conformance",
     "response_schema_conformance",
     "error_envelope",  # ours: tests/front/fuzz_checks.py
+    "unknown_fields_named",  # ours too
 )
 WALL_CLOCK = 900  # seconds: a guard against a hang, far above what a busy machine needs
 SERVING = ("ready", "degraded")
@@ -118,6 +122,25 @@ def fuzz(server: Server, workdir: Path) -> subprocess.CompletedProcess[str]:
         pytest.fail(f"schemathesis ran over {WALL_CLOCK} s:\n{out[-4000:]}")
 
 
+# CPython 3.11.7 (this machine's) can fail `ast.parse` when two threads run it at once,
+# which hypothesis does describing a strategy while it generates; with two workers the
+# fuzzer meets it now and then since every schema admits extra properties (in 2 runs of
+# 4 here; not in the one run on the schema before). Such an error is the fuzzer's own,
+# raised before any request is sent.
+RACE = "SystemError: AST constructor recursion depth mismatch"
+
+
+def only_races(output: str) -> bool:
+    """Schemathesis failed on nothing but that race: no check failed, and each error it
+    counts is one."""
+    if "Failures:" in output or "Errors:" not in output:
+        return False
+    counted = re.findall(r"🚫 ([^:\n]+): (\d+)", output.split("Errors:")[-1])
+    return all(kind == "Runtime Error" for kind, _ in counted) and sum(
+        int(n) for _, n in counted
+    ) == output.count(RACE)
+
+
 def test_fuzzing_finds_no_fault_and_no_unenveloped_error(small_server, tmp_path) -> None:
     with StateWatch(small_server.url) as watch:
         run = fuzz(small_server, tmp_path)
@@ -133,7 +156,7 @@ def test_fuzzing_finds_no_fault_and_no_unenveloped_error(small_server, tmp_path)
     if any(state not in SERVING for state in states):
         speeds = health.get("decode_tps")
         problems.append(f"states while fuzzing: {' -> '.join(states)} (decode tok/s {speeds})")
-    if run.returncode != 0:
+    if run.returncode != 0 and not only_races(run.stdout):
         problems.append(f"schemathesis exited {run.returncode} (all of it in {saved}):")
         problems.append(run.stdout[-12000:] + run.stderr[-3000:])
     assert not problems, "\n".join(problems)

@@ -238,7 +238,7 @@ def test_huge_prompt_is_refused_at_once(server) -> None:
     reply = post(server, "/v1/completions", content)
     assert_400(reply, "context_length_exceeded")
     # refused by the front's bound on characters, never tokenised by the worker
-    assert "characters" in reply.json()["error"]["message"]
+    assert "counted from its length before tokenising" in reply.json()["error"]["message"]
     normal = post(server, "/v1/completions", NORMAL)
     assert normal.status_code == 200, normal.text
     assert_unharmed(server)

@@ -203,8 +203,12 @@ def test_a_function_call_round_trip(tmp_path: Path, serve, default_model_dir: Pa
     assert stateless.usage.input_tokens == second.usage.input_tokens
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(stateless.id)
-    with pytest.raises(openai.BadRequestError, match="web_search"):
-        client.responses.create(model="default", input=ASK, tools=[{"type": "web_search"}])
+    hosted = client.responses.with_raw_response.create(  # left out of the prompt, named
+        model="default", input=ASK, tools=[WEATHER, {"type": "web_search"}], temperature=0
+    )
+    assert hosted.headers["steward-ignored"] == "tools.1"
+    (again,) = hosted.parse().output  # the same prompt: the same call
+    assert again.name == "get_weather" and again.arguments == call.arguments
 
 
 def test_the_store_evicts_the_oldest_at_its_bound(serve, tiny_model) -> None:

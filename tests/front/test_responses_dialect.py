@@ -344,9 +344,18 @@ COMPUTER = {"type": "computer_use_preview", "display_width": 1, "display_height"
         ({"type": "custom", "name": "apply_patch"}, "custom"),
     ],
 )  # fmt: skip
-def test_a_hosted_tool_is_a_400_naming_it(tool: dict, named: str) -> None:
+def test_a_hosted_tool_is_left_out_and_named(tool: dict, named: str) -> None:
+    """No schema to call it by: out of the prompt, named in the header; a 400 naming its
+    type only with --strict-requests."""
     http, supervisor = client(hello)
     answer = http.post("/v1/responses", json={"input": "x", "tools": [WEATHER, tool]})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["steward-ignored"] == "tools.1"
+    (served,) = supervisor.jobs[-1].request.tools or []
+    assert served["function"]["name"] == "get_weather"
+    assert [t["name"] for t in answer.json()["tools"]] == ["get_weather"]
+    strict, supervisor = client(hello, strict_requests=True)
+    answer = strict.post("/v1/responses", json={"input": "x", "tools": [WEATHER, tool]})
     assert answer.status_code == 400
     error = answer.json()["error"]
     assert repr(named) in error["message"] and error["param"] == "tools"
@@ -364,14 +373,12 @@ IMAGE_PARAM = "input.0.message.content.0.input_image"
         ({"background": True}, "background"),
         ({"background_options": {"completion_window": "2h"}}, "background_options"),
         ({"conversation": "conv_1"}, "conversation"),
-        ({"context_management": [{"type": "compaction"}]}, "context_management"),
         ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"truncation": "auto"}, "truncation"),
         ({"prompt_cache_options": {"prewarm": True}}, "prompt_cache_options"),
         ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"max_output_token": 5}, "max_output_token"),
         ({"temperature": 3}, "temperature"),
         ({"input": [{"type": "web_search_call", "id": "w"}]}, "input"),
         ({"input": [{"role": "user", "content": [FILE]}]}, "input.0.message.content"),
@@ -386,6 +393,26 @@ def test_what_steward_cannot_do_is_a_400_naming_it(extra: dict, param: str) -> N
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param, answer.text
     assert not supervisor.jobs
+
+
+AUTO = {"tool_choice": "auto"}
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/responses", {"input": "Summarize.", "tools": []} | AUTO),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]} | AUTO),
+    ],
+)  # fmt: skip
+def test_auto_tool_choice_without_tools_is_no_tools(route: str, body: dict) -> None:
+    """Codex's compaction request sends `tool_choice: auto` and no tools (28b's finding);
+    OpenAI answers it."""
+    http, supervisor = client(hello)
+    answer = http.post(route, json=body)
+    assert answer.status_code == 200, answer.text
+    assert supervisor.jobs[-1].request.tools is None
+    assert http.post(route, json=body | {"tool_choice": "required"}).status_code == 400
 
 
 def test_fields_that_change_nothing_here_are_accepted_and_echoed() -> None:
@@ -410,9 +437,11 @@ def test_fields_that_change_nothing_here_are_accepted_and_echoed() -> None:
         "parallel_tool_calls": False,
         "store": True,
         "top_p": 0.5,
+        "context_management": [{"type": "compaction", "compact_threshold": 1000}],
     }
     answer = http.post("/v1/responses", json={"input": "x"} | quiet)
     assert answer.status_code == 200, answer.text
+    assert "steward-ignored" not in answer.headers
     body = answer.json()
     assert body["metadata"] == {"run": "7"} and body["service_tier"] == "default"
     assert body["prompt_cache_key"] == "k" and body["top_p"] == 0.5

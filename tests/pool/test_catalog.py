@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from steward.config import ServeConfig
 from steward.errors import ApiError
+from steward.model.resolve import ModelSource
 from steward.pool import budget
 from steward.pool.catalog import CatalogError, ModelEntry, from_flags, load
 from steward.pool.names import find
+from steward.pool.slot import Slot
 from steward.pool.snapshot import ModelState, overall
 from steward.supervisor.state import State
 from steward.wire.faultspec import parse
@@ -73,6 +76,16 @@ def test_model_flags_name_models_or_keep_todays_bare_path(tiny_model: Path) -> N
     (same,) = load([str(tiny_model)], None, [tiny_model.name])  # named as its directory is
     assert same.name == tiny_model.name
     assert from_flags([], [])[0].path is None  # the embedded default
+
+
+def test_a_model_gives_its_context_length_before_it_ever_loads(tiny_model: Path) -> None:
+    """What `/v1/models` lists of an unloaded model: its files' length, as its worker reads
+    it (a GGUF not yet imported: unknown until its import)."""
+    (entry,) = load([str(tiny_model)], None, [])
+    snapshot = Slot(entry, ServeConfig()).snapshot(False, 0.0, detail=False)
+    assert (snapshot.state, snapshot.context_length) == (ModelState.UNLOADED, 2048)
+    gguf = ModelEntry("g", "x.gguf", source=ModelSource("gguf", Path("x.gguf"), "g"))
+    assert Slot(gguf, ServeConfig()).known_context_length is None
 
 
 def test_names_route_to_one_model_concrete_names_first() -> None:

@@ -40,7 +40,7 @@ from steward.front.dialects.anthropic_schema import (
 )
 from steward.front.dialects.exchange import dialect_router, exchange, images, served_model
 from steward.front.dialects.seam import Ask
-from steward.front.docs import COMMON, GENERATION, FaultRef
+from steward.front.docs import COMMON, GENERATION, IGNORED, FaultRef
 from steward.front.structured import ANY_OBJECT, Constraint, constraint
 
 
@@ -72,6 +72,7 @@ def responses(obj: str, streams: bool) -> dict[int | str, dict[str, Any]]:
         status: {
             "model": AnthropicError,
             "description": "error: " + ", ".join(sorted(kinds[status])),
+            "headers": IGNORED,
         }
         for status in sorted({401, *GENERATION, *COMMON})
     }
@@ -85,7 +86,7 @@ def responses(obj: str, streams: bool) -> dict[int | str, dict[str, Any]]:
             "`message_delta` (stop reason, usage), `message_stop`; a stream that cannot go "
             "on ends with one `error` event instead"
         )
-    return {200: {"description": obj, "content": content}, **described}
+    return {200: {"description": obj, "content": content, "headers": IGNORED}, **described}
 
 
 router = dialect_router()

@@ -3,7 +3,8 @@
 `system` (string or text blocks) is a system turn; a message's text blocks are joined
 with a newline; a `tool_use` block is an assistant's tool call (its `input` as the
 arguments object templates expect); each `tool_result` is a `tool` turn of its own, in
-place, named after the call it answers (`is_error`: its text begins "Error: "); `thinking`
+place, named after the call it answers (`is_error`: its text begins "Error: "; a
+`tool_reference` in it, a tool search's find, is the tool's definition); `thinking`
 blocks sent back are the assistant's `reasoning_content`, which templates that render past
 thinking read (`redacted_thinking` is opaque and left out). Images travel apart, as chat's
 do (`Generate.images`), a placeholder in their place. A block type of Anthropic's that
@@ -12,12 +13,13 @@ steward does not serve (documents, search results, server tools' blocks) is a 40
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from steward.front.dialects.chat_schema import MAX_PARTS
-from steward.front.dialects.openai import Strict
+from steward.front.dialects.openai import Schema
 
 MAX_ID_CHARS = 256
 TOOL_NAME = r"^[A-Za-z0-9_.-]{1,128}$"
@@ -41,19 +43,19 @@ def _kind(known: tuple[str, ...]) -> Discriminator:
     return Discriminator(kind)
 
 
-class CacheControl(Strict):
+class CacheControl(Schema):
     type: Literal["ephemeral"]
     ttl: Literal["5m", "1h"] | None = None
 
 
-class Cached(Strict):
+class Cached(Schema):
     """`cache_control` is accepted wherever Anthropic takes it, and changes nothing: the
     prompt cache is automatic (every prompt's longest cached prefix is reused)."""
 
     cache_control: CacheControl | None = None
 
 
-class Unserved(Strict):
+class Unserved(Schema):
     """A block type of Anthropic's that steward does not serve: a 400 naming it."""
 
     type: str
@@ -69,7 +71,9 @@ class Unserved(Strict):
 
 
 class UnservedResult(Unserved):
-    served: ClassVar[str] = "text blocks in a tool's result: the template's tool turn is text"
+    served: ClassVar[str] = (
+        "text and tool_reference blocks in a tool's result: the template's tool turn is text"
+    )
 
 
 class TextBlock(Cached):
@@ -79,13 +83,13 @@ class TextBlock(Cached):
     citations: list[dict[str, Any]] | None = Field(None, max_length=MAX_PARTS)
 
 
-class Base64Source(Strict):
+class Base64Source(Schema):
     type: Literal["base64"]
     media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
     data: str
 
 
-class URLSource(Strict):
+class URLSource(Schema):
     type: Literal["url"]
     url: str = Field(max_length=8192)
 
@@ -124,9 +128,20 @@ class ToolUseBlock(Cached):
         return self
 
 
+class ToolReferenceBlock(Cached):
+    """A tool a tool search found (Claude Code's `ToolSearch` answers with these), which
+    Anthropic expands to the tool's definition: written as the `<function>` line that
+    ToolSearch's own description promises (`ToolResultBlock.text`)."""
+
+    type: Literal["tool_reference"]
+    tool_name: Name
+
+
 ResultBlock = Annotated[
-    Annotated[TextBlock, Tag("text")] | Annotated[UnservedResult, Tag("unserved")],
-    _kind(("text",)),
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ToolReferenceBlock, Tag("tool_reference")]
+    | Annotated[UnservedResult, Tag("unserved")],
+    _kind(("text", "tool_reference")),
 ]
 
 
@@ -139,18 +154,27 @@ class ToolResultBlock(Cached):
     is_error: bool = False
     toolset_name: None = None
 
-    def text(self) -> str:
-        text = "\n".join(block.text for block in self.content if isinstance(block, TextBlock))
+    def text(self, tools: dict[str, dict[str, Any]] | None = None) -> str:
+        """Its text; a tool reference as the `<function>` line of the tool's definition
+        (`tools`: name -> the template's function), or of its name alone."""
+        lines = []
+        for block in self.content:
+            if isinstance(block, ToolReferenceBlock):
+                definition = (tools or {}).get(block.tool_name, {"name": block.tool_name})
+                lines.append(f"<function>{json.dumps(definition)}</function>")
+            elif isinstance(block, TextBlock):
+                lines.append(block.text)
+        text = "\n".join(lines)
         return "Error: " + text if self.is_error else text
 
 
-class ThinkingBlock(Strict):
+class ThinkingBlock(Schema):
     type: Literal["thinking"]
     thinking: str
     signature: str  # steward's own, or another server's: not checked (module doc)
 
 
-class RedactedThinkingBlock(Strict):
+class RedactedThinkingBlock(Schema):
     type: Literal["redacted_thinking"]
     data: str
 
@@ -176,7 +200,7 @@ ROLE_BLOCKS = {
 }
 
 
-class MessageParam(Strict):
+class MessageParam(Schema):
     role: Literal["user", "assistant", "system"]
     content: Blocks
 
@@ -207,9 +231,11 @@ def assistant_turn(message: MessageParam, thinking: bool, names: dict[str, str])
     return turn
 
 
-def user_turns(message: MessageParam, names: dict[str, str]) -> list[dict[str, Any]]:
+def user_turns(
+    message: MessageParam, names: dict[str, str], tools: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
     """A user (or system) message: its text and images as one turn, each tool result as a
-    tool turn of its own, in the order given."""
+    tool turn of its own, in the order given (`tools`: the functions tool references name)."""
     turns: list[dict[str, Any]] = []
     parts: list[TextBlock | ImageBlock] = []
 
@@ -229,7 +255,8 @@ def user_turns(message: MessageParam, names: dict[str, str]) -> list[dict[str, A
     for block in message.content:
         if isinstance(block, ToolResultBlock):
             flush()
-            turn = {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()}
+            text = block.text(tools)
+            turn = {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
             if name := names.get(block.tool_use_id):
                 turn["name"] = name
             turns.append(turn)

@@ -3,7 +3,9 @@ anything reaches the worker (their blocks: anthropic_blocks.py).
 
 The parameter rule (openai.py) holds here too, in Anthropic's words: every field the SDK's
 `messages.create` takes is honoured, accepted as a no-op that says so below, or refused
-with a 400 naming it; any other field is refused the same way. Bounds are chat's
+with a 400 naming it where it would change the answer and steward cannot do it; any other
+field is ignored and named in the `steward-ignored` header (ignored.py), as is a tool
+steward cannot serve (a server tool). Bounds are chat's
 (chat_schema.py): messages, blocks, tools, stop strings. A conversation that ends with
 the assistant's turn (a prefill) is refused: the template opens a new assistant turn, it
 cannot continue one.
@@ -14,8 +16,9 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from steward.front import ignored
 from steward.front.dialects.anthropic_blocks import (
     MAX_ID_CHARS,
     CacheControl,
@@ -33,17 +36,28 @@ from steward.front.dialects.anthropic_blocks import (
     user_turns,
 )
 from steward.front.dialects.chat_schema import MAX_MESSAGES, MAX_TOOLS
-from steward.front.dialects.openai import MAX_NAME_CHARS, MAX_STOP_CHARS, MAX_TOKENS, Strict
+from steward.front.dialects.openai import MAX_NAME_CHARS, MAX_STOP_CHARS, MAX_TOKENS, Schema
 
+SERVER_TOOL = "has no input_schema: a server tool, which steward does not run"
+# Beta fields that would change the answer and that steward does not do, and why.
+REFUSED = {
+    "mcp_servers": "steward connects to no MCP servers (run them client side, as Claude Code does)",
+    "compaction": "steward compacts no context: send the history you want the model to see",
+    "thread": "steward holds no conversations: send the history",
+    "fallbacks": "steward serves one model here, with no substitutes",
+}
 MAX_STOP_SEQUENCES = 16  # each is looked for after every token: a bound keeps that cheap
 DEFAULT_CLEAR_TRIGGER = 100_000  # input tokens: Anthropic's default for clear_tool_uses
 
 
 class CustomTool(Cached):
-    """A custom tool. `eager_input_streaming` changes nothing: a call's input always
-    streams as it is generated."""
+    """A tool the model may call: one with an `input_schema`, served as a function whatever
+    else it carries (`MessagesPrompt._served`). A deferred tool (`defer_loading`) is in the
+    prompt like the others: no tool search needs to find it. `eager_input_streaming`
+    changes nothing (a call's input always streams as it is generated), nor do
+    `input_examples` (the template shows a tool's schema)."""
 
-    type: Literal["custom"] | None = None
+    type: str | None = Field(None, max_length=64)  # `custom`, or a type steward does not know
     name: Name
     description: str | None = None
     input_schema: dict[str, Any]
@@ -53,27 +67,6 @@ class CustomTool(Cached):
     eager_input_streaming: bool | None = None
     input_examples: list[dict[str, Any]] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _custom(cls, value: Any) -> Any:
-        kind = value.get("type") if isinstance(value, dict) else None
-        if kind not in (None, "custom"):
-            raise ValueError(
-                f"type: {kind!r} is a server tool of Anthropic's; steward serves custom "
-                "tools (name, description, input_schema) and runs none itself"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _served(self) -> CustomTool:
-        if self.defer_loading:
-            raise ValueError(
-                "defer_loading: a deferred tool needs the tool search tool (a server tool)"
-            )
-        if self.input_examples:
-            raise ValueError("input_examples: not served (the template shows a tool's schema)")
-        return self
-
     def for_template(self) -> dict[str, Any]:
         function = {"name": self.name, "parameters": self.input_schema}
         if self.description is not None:
@@ -81,7 +74,7 @@ class CustomTool(Cached):
         return {"type": "function", "function": function}
 
 
-class ToolChoice(Strict):
+class ToolChoice(Schema):
     type: Literal["auto", "any", "tool", "none"]
     name: Name | None = None
     disable_parallel_tool_use: bool = False
@@ -95,7 +88,7 @@ class ToolChoice(Strict):
         return self
 
 
-class Thinking(Strict):
+class Thinking(Schema):
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     display: Literal["summarized", "omitted"] | None = None
@@ -109,27 +102,27 @@ class Thinking(Strict):
         return self
 
 
-class JSONFormat(Strict):
+class JSONFormat(Schema):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(Strict):
+class OutputConfig(Schema):
     # One local model has one effort: accepted, no effect (`thinking` turns thinking on/off).
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: JSONFormat | None = None
 
 
-class ThinkingTurns(Strict):
+class ThinkingTurns(Schema):
     type: Literal["thinking_turns"]
     value: int = Field(ge=0, le=MAX_MESSAGES)
 
 
-class AllTurns(Strict):
+class AllTurns(Schema):
     type: Literal["all"]
 
 
-class ClearThinking(Strict):
+class ClearThinking(Schema):
     """Thinking of older assistant turns left out of the prompt: all but the last `keep`
     turns that carry thinking (one, unless said)."""
 
@@ -143,12 +136,12 @@ class ClearThinking(Strict):
         return self.keep.value if isinstance(self.keep, ThinkingTurns) else None
 
 
-class InputTokens(Strict):
+class InputTokens(Schema):
     type: Literal["input_tokens"]
     value: int = Field(ge=1, le=MAX_TOKENS)
 
 
-class ClearToolUses(Strict):
+class ClearToolUses(Schema):
     """Clears old tool results once the prompt passes `trigger` input tokens: served where
     that cannot happen, a trigger at or beyond the model's context length (a prompt past it
     is refused anyway); a 400 otherwise (`anthropic.py`)."""
@@ -168,14 +161,14 @@ class ClearToolUses(Strict):
 Edit = Annotated[ClearThinking | ClearToolUses, Field(discriminator="type")]
 
 
-class ContextManagement(Strict):
+class ContextManagement(Schema):
     """Anthropic's beta context editing, which Claude Code sends (module doc of
     anthropic.py); `compact_20260112` (a summary by the model) is not served."""
 
     edits: list[Edit] | None = Field(None, max_length=8)
 
 
-class MessagesPrompt(Strict):
+class MessagesPrompt(Schema):
     """What `messages.create` and `messages.count_tokens` share: the prompt."""
 
     model: str | None = Field(None, max_length=256)
@@ -193,8 +186,25 @@ class MessagesPrompt(Strict):
     user_profile_id: str | None = Field(None, max_length=MAX_NAME_CHARS)
     workspace_id: str | None = Field(None, max_length=MAX_NAME_CHARS)
 
+    # Refused when given (beta): each would change the answer, and steward cannot do it.
+    mcp_servers: list[dict[str, Any]] | None = None
+    compaction: dict[str, Any] | None = None
+    thread: dict[str, Any] | None = None
+    fallbacks: Any = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _served(cls, value: Any) -> Any:
+        """A tool with no `input_schema` (a server tool: web search, bash, the tool search
+        tool, ...) is left out of the prompt (ignored.py): steward runs none, and every
+        deferred tool is in the prompt already, so a tool search has nothing to find."""
+        return ignored.served_tools(value, lambda tool: "input_schema" in tool, SERVER_TOOL)
+
     @model_validator(mode="after")
     def _prompt(self) -> MessagesPrompt:
+        for name, why in REFUSED.items():
+            if getattr(self, name) not in (None, []):
+                raise ValueError(f"{name}: not supported: {why}")
         if self.messages[-1].role == "assistant":
             raise ValueError(
                 "messages: the last message is the assistant's; steward does not continue "
@@ -274,11 +284,12 @@ class MessagesPrompt(Strict):
             turns.append({"role": "system", "content": text_of(self.system)})
         kept = self._thinking_turns()
         names: dict[str, str] = {}  # tool_use id -> name, for the tool turns answering them
+        tools = {tool.name: tool.for_template()["function"] for tool in self.tools or []}
         for i, message in enumerate(self.messages):
             if message.role == "assistant":
                 turns.append(assistant_turn(message, i in kept, names))
             else:
-                turns += user_turns(message, names)
+                turns += user_turns(message, names, tools)
         return turns
 
     def _thinking_turns(self) -> set[int]:
@@ -314,11 +325,11 @@ class CountTokensRequest(MessagesPrompt):
     """`messages.count_tokens`: the prompt, counted as the engine counts it."""
 
 
-class Metadata(Strict):
+class Metadata(Schema):
     user_id: str | None = Field(None, max_length=1024)
 
 
-class Diagnostics(Strict):
+class Diagnostics(Schema):
     previous_message_id: str | None = Field(None, max_length=MAX_ID_CHARS)
 
 
@@ -342,6 +353,8 @@ class MessagesRequest(MessagesPrompt):
     inference_geo: str | None = Field(None, max_length=64)
     diagnostics: Diagnostics | None = None
     container: None = None  # a code-execution container: no server tools run here
+    billing_policy: Any = None  # (beta) nothing is billed
+    fallback_credit_token: Any = None  # (beta) nothing is refused for policy here
 
     @model_validator(mode="before")
     @classmethod

@@ -1,12 +1,15 @@
 """The body of `POST /v1/chat/completions`, validated before anything reaches the worker.
 
 Bounds live here (message counts, parts, tools, names), beside the shared sampling ones
-(openai.py). Fields OpenAI documents that change nothing here are accepted on purpose and
-documented as no-ops: `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`
-(the prompt cache is automatic; prewarming is refused), `safety_identifier`,
-`verbosity`; `modalities` may only ask for text. `reasoning_effort` turns a thinking model's
-thinking off (`none`, `minimal`) or on. The legacy `functions` / `function_call` are read as
-`tools` / `tool_choice`, and answered in their own legacy shape (chat.py).
+(openai.py), whose rule for parameters holds here. Fields OpenAI documents that change
+nothing here are accepted on purpose and documented as no-ops: `prompt_cache_key`,
+`prompt_cache_retention`, `prompt_cache_options` (the prompt cache is automatic;
+prewarming is refused), `safety_identifier`, `verbosity`, `audio`, `prediction`;
+`modalities` may only ask for text; `moderation` and `web_search_options` are refused.
+`reasoning_effort` turns a thinking model's thinking off (`none`, `minimal`) or on. A tool
+that carries a function is served as one whatever its `type`; one without (`custom`, a
+hosted tool) is left out and named (ignored.py). The legacy `functions` / `function_call`
+are read as `tools` / `tool_choice`, and answered in their own legacy shape (chat.py).
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from steward.front import ignored
 from steward.front.dialects.openai import (
     MAX_NAME_CHARS,
     MAX_TOP_LOGPROBS,
     Sampling,
-    Strict,
+    Schema,
     Tokens,
     check_tools,
 )
@@ -33,20 +37,26 @@ MAX_TOOL_CALLS = 128  # in one assistant message of the history
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 Name = Annotated[str, Field(pattern=FUNCTION_NAME.pattern)]
+SERVED_TOOLS = "has no function (name and parameters); steward serves function tools only"
+# Fields that would change the answer and that steward does not do, and why.
+REFUSED = {
+    "moderation": "steward runs no moderation model",
+    "web_search_options": "steward runs no web search",
+}
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
-class TextPart(Strict):
+class TextPart(Schema):
     type: Literal["text"]
     text: str
 
 
-class ImageURL(Strict):
+class ImageURL(Schema):
     url: str
     detail: str | None = None
 
 
-class ImagePart(Strict):
+class ImagePart(Schema):
     type: Literal["image_url"]
     image_url: ImageURL
 
@@ -54,12 +64,12 @@ class ImagePart(Strict):
 Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
-class CalledFunction(Strict):
+class CalledFunction(Schema):
     name: Name
     arguments: str
 
 
-class ToolCall(Strict):
+class ToolCall(Schema):
     id: str = Field(max_length=MAX_NAME_CHARS)
     type: Literal["function"] = "function"
     function: CalledFunction
@@ -74,7 +84,7 @@ class ToolCall(Strict):
         return {"id": self.id, "type": "function", "function": function}
 
 
-class Message(Strict):
+class Message(Schema):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | Annotated[list[Part], Field(max_length=MAX_PARTS)] | None = None
     name: str | None = Field(None, max_length=MAX_NAME_CHARS)
@@ -130,35 +140,41 @@ class Message(Strict):
         return message
 
 
-class Function(Strict):
+class Function(Schema):
     name: Name
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(Strict):
-    type: Literal["function"]
+class Tool(Schema):
+    """A function tool; whatever its `type` says (a type steward does not know), a tool
+    that carries a function is served as one (`ChatRequest._served`)."""
+
+    type: str = Field("function", max_length=64)
     function: Function
 
+    def for_template(self) -> dict[str, Any]:
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
 
-class NamedFunction(Strict):
+
+class NamedFunction(Schema):
     name: Name
 
 
-class NamedTool(Strict):
+class NamedTool(Schema):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JSONSchema(Strict):
+class JSONSchema(Schema):
     name: str = Field(max_length=MAX_NAME_CHARS)
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(Strict):
+class ResponseFormat(Schema):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchema | None = None
 
@@ -172,7 +188,7 @@ class ResponseFormat(Strict):
 ToolChoice = Literal["none", "auto", "required"] | NamedTool
 
 
-class PromptCacheOptions(Strict):
+class PromptCacheOptions(Schema):
     """The prompt cache is automatic; only prewarming would change the answer (none)."""
 
     mode: Literal["implicit", "explicit"] | None = None
@@ -207,9 +223,25 @@ class ChatRequest(Sampling):
     prompt_cache_options: PromptCacheOptions | None = None
     safety_identifier: str | None = Field(None, max_length=MAX_NAME_CHARS)
     verbosity: Literal["low", "medium", "high"] | None = None
+    audio: dict[str, Any] | None = None  # audio output's voice: `modalities` refuses audio
+    prediction: dict[str, Any] | None = None  # a predicted output speeds OpenAI's decoding
+    # Refused when given: each would change the answer, and steward cannot do it.
+    moderation: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _served(cls, value: Any) -> Any:
+        """A tool without a function (`custom`, a hosted tool) is left out (ignored.py)."""
+        return ignored.served_tools(
+            value, lambda tool: isinstance(tool.get("function"), dict), SERVED_TOOLS
+        )
 
     @model_validator(mode="after")
     def _chat(self) -> ChatRequest:
+        for name, why in REFUSED.items():
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: not supported: {why}")
         if self.modalities is not None and set(self.modalities) != {"text"}:
             raise ValueError('modalities: steward answers in text only (["text"])')
         self._legacy()
@@ -218,7 +250,7 @@ class ChatRequest(Sampling):
         choice = self.tool_choice
         check_tools(
             [tool.function.name for tool in self.tools or []],
-            choice is not None and choice != "none",
+            choice not in (None, "none", "auto"),
             [choice.function.name] if isinstance(choice, NamedTool) else [],
             self.structured() and bool(self.tools) and self.choice() != "none",
             "response_format",
@@ -269,7 +301,7 @@ class ChatRequest(Sampling):
         limit = self.max_completion_tokens or self.max_tokens
         tools = None
         if self.tools and self.choice() != "none":
-            tools = [tool.model_dump(exclude_none=True) for tool in self.tools]
+            tools = [tool.for_template() for tool in self.tools]
         logprobs = (self.top_logprobs or 0) if self.logprobs else -1
         return {
             "messages": messages,
@@ -282,5 +314,5 @@ class ChatRequest(Sampling):
 
     def prompt_chars(self) -> int:
         return sum(len(m.text()) for m in self.messages) + sum(
-            len(json.dumps(tool.model_dump(exclude_none=True))) for tool in self.tools or []
+            len(json.dumps(tool.for_template())) for tool in self.tools or []
         )

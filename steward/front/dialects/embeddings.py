@@ -25,8 +25,8 @@ from steward.errors import ApiError
 from steward.front import backend
 from steward.front.dialects.delivery import Waiter, whole
 from steward.front.dialects.exchange import dialect_router, served_model, start_job
-from steward.front.dialects.openai import MAX_NAME_CHARS, Strict
-from steward.front.docs import error_responses
+from steward.front.dialects.openai import MAX_NAME_CHARS, Schema
+from steward.front.docs import IGNORED, error_responses
 from steward.supervisor.jobs import Job
 from steward.wire.protocol import Done, Embed, Vectors
 
@@ -34,7 +34,7 @@ TokenId = Annotated[StrictInt, Field(ge=0, lt=2**31)]
 Input = StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
 
 
-class EmbeddingRequest(Strict):
+class EmbeddingRequest(Schema):
     input: Input
     model: str | None = Field(None, max_length=256)
     encoding_format: Literal["float", "base64"] = "float"
@@ -106,7 +106,10 @@ def answer(model: str, encoding: str, done: Done) -> dict[str, Any]:
 router = dialect_router()
 
 
-@router.post("/embeddings", responses=error_responses(400, 404, 422, 429, 504, 507))
+@router.post(
+    "/embeddings",
+    responses={200: {"headers": IGNORED}, **error_responses(400, 404, 422, 429, 504, 507)},
+)
 async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
     model = served_model(request, body.model, kind="embedding")
     inputs = checked(request, body.inputs())

@@ -2,12 +2,15 @@
 parameters and their bounds, the answer's frame (ids, usage, timings, log-probabilities,
 the stream's end and its error event), and `/v1/models`.
 
-The rule for parameters: every parameter steward knows is honoured, or refused with a 400
-that names it; a parameter it does not know is refused the same way, as OpenAI's own API
-does ("Unrecognized request argument"), so a misspelt `max_token` or a vendor field
-steward does not implement never passes silently. Fields that change nothing on a local
-server and that SDKs and frameworks send (`user`, `metadata`, `store: false`,
-`service_tier`) are accepted.
+The rule for parameters (every dialect's): a parameter steward knows is honoured, accepted
+as a no-op that changes nothing on a local server (`user`, `metadata`, `store: false`,
+`service_tier`, ...: SDKs and agents send them), or refused with a 400 that names it where
+it would change the answer and steward cannot do it; a value out of range is a 400 naming
+the field. A parameter steward does not know is ignored, never refused: agents' CLIs send
+new fields every few releases. It is left out of everything after validation, named in the
+`steward-ignored` response header and logged once (ignored.py, `Schema` below);
+`--strict-requests` refuses it instead, as OpenAI's own API does ("unrecognized request
+argument"), for people who write clients.
 """
 
 from __future__ import annotations
@@ -15,13 +18,19 @@ from __future__ import annotations
 import math
 import time
 from abc import abstractmethod
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    model_validator,
+)
 
 from steward.errors import ApiError
-from steward.front import backend
+from steward.front import backend, ignored
 from steward.front.dialects.exchange import dialect_router
 from steward.front.dialects.seam import Answer, sse
 from steward.pool.names import listed_names
@@ -39,17 +48,26 @@ MAX_TOP_LOGPROBS = 20
 Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
 
-class Strict(BaseModel):
-    """No NaN or infinity in any float; no field steward does not know."""
+class Schema(BaseModel):
+    """No NaN or infinity in any float. A field steward does not know passes validation
+    and is dropped at once, noted for the `steward-ignored` header (ignored.py)."""
 
-    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="allow")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _unknown(cls, value: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        model = handler(value)
+        ignored.unknown(model, value)
+        return model
 
 
-class StreamOptions(Strict):
+class StreamOptions(Schema):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # no obfuscation is ever added
 
 
-class Sampling(Strict):
+class Sampling(Schema):
     """What chat and text completions share."""
 
     model: str | None = Field(None, max_length=256)
@@ -72,7 +90,7 @@ class Sampling(Strict):
     user: str | None = Field(None, max_length=MAX_NAME_CHARS)
     metadata: dict[str, str] | None = Field(None, max_length=16)
     store: Literal[False] | None = None
-    service_tier: Literal["auto", "default"] | None = None
+    service_tier: str | None = Field(None, max_length=64)  # one tier: every request alike
 
     @model_validator(mode="after")
     def _bounds(self) -> Sampling:
@@ -209,7 +227,8 @@ router = dialect_router()
 def models(request: Request) -> dict[str, Any]:
     """Every configured model's concrete names (an alias glob answers, but is not listed),
     each with its state (SPEC §9: `unloaded` ones load on demand), kind, context length
-    (once loaded) and the `max_tokens` a request that omits it gets."""
+    (its files' until a worker has loaded it: model/kind.py) and the `max_tokens` a request
+    that omits it gets."""
     config = request.app.state.config
     snapshot = backend.pool(request).snapshot(detail=False)
     return {
@@ -233,13 +252,15 @@ def models(request: Request) -> dict[str, Any]:
 
 
 def check_tools(
-    names: list[str], choosing: bool, chosen: list[str], with_answer_format: bool, field: str
+    names: list[str], forcing: bool, chosen: list[str], with_answer_format: bool, field: str
 ) -> None:
-    """The tool rules both OpenAI dialects apply: names unique, a choice needs tools and
-    names one of them, and a JSON answer (`field`) excludes tool calls."""
+    """The tool rules both OpenAI dialects apply: names unique, a choice that asks for a
+    call (`required`, a function) needs tools and names one of them, and a JSON answer
+    (`field`) excludes tool calls. `auto` with no tools is no tools, as OpenAI reads it
+    (Codex's compaction request sends it so)."""
     if len(set(names)) < len(names):
         raise ValueError("tools: two functions share a name")
-    if choosing and not names:
+    if forcing and not names:
         raise ValueError("tool_choice: needs tools")
     for name in chosen:
         if name not in names:

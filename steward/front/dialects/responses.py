@@ -30,7 +30,7 @@ from steward.front.dialects.responses_output import Output, new_id
 from steward.front.dialects.responses_schema import FunctionChoice, ResponsesRequest
 from steward.front.dialects.responses_store import ResponseStore, Stored
 from steward.front.dialects.seam import Answer, Ask
-from steward.front.docs import GENERATION, error_responses
+from steward.front.docs import GENERATION, IGNORED, error_responses
 from steward.front.structured import ANY_OBJECT, Constraint, constraint
 from steward.supervisor.jobs import Job
 from steward.wire.protocol import Done, Token
@@ -52,6 +52,7 @@ STREAMED = {
             "application/json": {"schema": {"type": "object"}},
             "text/event-stream": {},
         },
+        "headers": IGNORED,
     },
     **error_responses(*GENERATION),
 }
@@ -113,6 +114,7 @@ class ResponsesAnswer(Answer):
             parallel=self.parallel,
             logprobs=body.includes("message.output_text.logprobs"),
             encrypted=body.includes("reasoning.encrypted_content"),
+            namespaced=body.namespaced(),
         )
 
     def response(self, status: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ reading serves both, and steward's own output items read back exactly as a clien
   over, as OpenAI documents); a `developer` message is a system message (templates know
   no developer role).
 - `function_call` items join the assistant message before them as its `tool_calls` (the
-  arguments as an object, as templates expect them: chat_schema.py does the same), and a
+  arguments as an object, as templates expect them: chat_schema.py does the same; a
+  namespace's function by its flat name, as the tools showed it), and a
   `function_call_output` is a `tool` message naming the call and its function.
 - A `reasoning` item is the next assistant message's `reasoning_content`, for templates
   that render past thinking (Qwen3's does, for the current turn). steward's own reasoning
@@ -23,6 +24,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from steward.front.dialects.responses_schema import flat_name
 
 ENCRYPTED = "steward-reasoning:"  # `encrypted_content`: the thinking text, behind this
 
@@ -59,7 +62,7 @@ def read(instructions: str | None, items: list[dict[str, Any]]) -> Conversation:
                 thinking = []
             conversation.add(message)
         elif kind == "function_call":
-            names[item["call_id"]] = item["name"]
+            names[item["call_id"]] = called(item)
             last = conversation.messages[-1] if conversation.messages else None
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": ""}
@@ -118,5 +121,12 @@ def _call(item: dict[str, Any]) -> dict[str, Any]:
         arguments = json.loads(item["arguments"])
     except ValueError:
         arguments = item["arguments"]
-    function = {"name": item["name"], "arguments": arguments}
+    function = {"name": called(item), "arguments": arguments}
     return {"id": item["call_id"], "type": "function", "function": function}
+
+
+def called(item: dict[str, Any]) -> str:
+    """The function a `function_call` item called, as the template shows it: a namespace's
+    by its flat name, as its tool was shown (responses_schema.py `NamespaceTool`)."""
+    namespace = item.get("namespace")
+    return flat_name(namespace, item["name"]) if namespace else item["name"]

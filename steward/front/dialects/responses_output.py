@@ -13,7 +13,9 @@ continues the same answer), so the numbers continue with no gap and no repeat, a
 open item just goes on: one unbroken stream.
 
 A forced tool call's answer is the call's JSON, which the worker turns into call parts:
-that text is never output (as in chat.py).
+that text is never output (as in chat.py). A call to a namespace's function (the model
+calls it by its flat name) is a `function_call` item with its `namespace` and `name` apart,
+as OpenAI's API writes it and Codex dispatches it.
 """
 
 from __future__ import annotations
@@ -32,8 +34,17 @@ def new_id(prefix: str) -> str:
 
 
 class Output:
-    def __init__(self, *, forced: bool, parallel: bool, logprobs: bool, encrypted: bool) -> None:
+    def __init__(
+        self,
+        *,
+        forced: bool,
+        parallel: bool,
+        logprobs: bool,
+        encrypted: bool,
+        namespaced: dict[str, tuple[str, str]] | None = None,
+    ) -> None:
         self.forced = forced
+        self.namespaced = namespaced or {}  # a flat name -> its namespace and name
         self.parallel = parallel
         self.logprobs = logprobs
         self.encrypted = encrypted  # `include` asked for `reasoning.encrypted_content`
@@ -152,13 +163,13 @@ class Output:
 
     def _call(self, part: CallDelta) -> None:
         if part.name is not None:
-            item = {
-                "id": new_id("fc"),
-                "type": "function_call",
-                "call_id": "call_" + secrets.token_hex(12),
-                "name": part.name,
-                "arguments": "",
-            }
+            item = {"id": new_id("fc"), "type": "function_call"}
+            item["call_id"] = "call_" + secrets.token_hex(12)
+            if part.name in self.namespaced:  # as the client dispatches it: apart
+                item["namespace"], item["name"] = self.namespaced[part.name]
+            else:
+                item["name"] = part.name
+            item["arguments"] = ""
             self.calls[part.index] = self._open(item)
         item = self.calls.get(part.index)
         if item is None or not part.arguments:

@@ -2,11 +2,14 @@
 
 Every parameter of the official SDK's `responses.create` is here: honoured, accepted as a
 documented no-op (`docs/dialects/responses.md`), or refused with a 400 naming it; any
-other field is refused as unknown, as in chat completions (openai.py). What is refused is
-what would change the answer and that steward cannot do: hosted tools (web search, file
-search, code interpreter, ...: a 400 naming the tool's type), `background`, stored prompt
-templates (`prompt`), the Conversations API (`conversation`), server-side compaction
-(`context_management`), moderation, `truncation: auto`, and prompt-cache prewarming.
+other field is ignored and named in the `steward-ignored` header, as in chat completions
+(openai.py). What is refused is what would change the answer and that steward cannot do:
+`background`, stored prompt templates (`prompt`), the Conversations API (`conversation`),
+moderation, `truncation: auto`, prompt-cache prewarming, and a `tool_choice` naming a
+hosted tool. Tools are functions: a tool with a name and `parameters` is served as one
+whatever its type; a `namespace` tool's functions are served under flat names
+(`NamespaceTool`); a hosted or `custom` tool (no schema) is left out and named in the
+header.
 
 Items of the input are kept in their wire shape (plain dicts, `Item.canonical`): the
 store holds them so, and responses_input.py reads them as chat messages whether they came
@@ -18,8 +21,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from steward.front import ignored
 from steward.front.dialects.chat_schema import (
     MAX_MESSAGES,
     MAX_PARTS,
@@ -31,7 +42,7 @@ from steward.front.dialects.chat_schema import (
 from steward.front.dialects.openai import (
     MAX_NAME_CHARS,
     MAX_TOP_LOGPROBS,
-    Strict,
+    Schema,
     Tokens,
     check_tools,
 )
@@ -52,25 +63,25 @@ INCLUDABLE = Literal[
     "reasoning.encrypted_content",
     "message.output_text.logprobs",
 ]
+UNSERVED_TOOL = "has no parameters: a hosted or custom tool, which steward does not serve"
 # Fields that would change the answer and that steward does not do, and why.
 REFUSED = {
     "background": "steward answers in the foreground only (no background responses)",
     "background_options": "steward answers in the foreground only (no background responses)",
     "conversation": "steward serves no Conversations API: chain responses with "
     "previous_response_id, or send the whole history as input",
-    "context_management": "steward compacts no context: send the history you want the model to see",
     "moderation": "steward runs no moderation model",
     "prompt": "steward keeps no prompt templates: send the instructions and input themselves",
 }
 
 
-class InputText(Strict):
+class InputText(Schema):
     type: Literal["input_text"]
     text: str
     prompt_cache_breakpoint: dict[str, Any] | None = None  # the prompt cache is automatic
 
 
-class OutputText(Strict):
+class OutputText(Schema):
     """An assistant's text sent back as history: annotations and logprobs are ignored."""
 
     type: Literal["output_text"]
@@ -79,12 +90,12 @@ class OutputText(Strict):
     logprobs: list[dict[str, Any]] | None = None
 
 
-class Refusal(Strict):
+class Refusal(Schema):
     type: Literal["refusal"]
     refusal: str
 
 
-class InputImage(Strict):
+class InputImage(Schema):
     type: Literal["input_image"]
     image_url: str | None = None
     file_id: str | None = None
@@ -117,7 +128,7 @@ def _known(values: Any, known: tuple[str, ...], what: str) -> Any:
     return values
 
 
-class MessageItem(Strict):
+class MessageItem(Schema):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: Annotated[list[Part], Field(max_length=MAX_PARTS)]  # a string: made one part
@@ -127,30 +138,35 @@ class MessageItem(Strict):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _parts(cls, value: Any) -> Any:
+    def _parts(cls, value: Any, info: ValidationInfo) -> Any:
+        """A string is the message's one text part (the SDK's "easy" input message)."""
+        if isinstance(value, str):
+            if info.data.get("role") == "assistant":
+                return [{"type": "output_text", "text": value, "annotations": []}]
+            return [{"type": "input_text", "text": value}]
         return _known(value, PART_TYPES, "content")
 
 
-def _message(item: dict[str, Any]) -> dict[str, Any]:
-    item = {"type": "message", **item}
-    if isinstance(item.get("content"), str):
-        kind = "output_text" if item.get("role") == "assistant" else "input_text"
-        part = {"type": kind, "text": item["content"]}
-        item["content"] = [part | {"annotations": []} if kind == "output_text" else part]
-    return item
+def _item_kind(value: Any) -> str | None:
+    """An item's `type`; an item with a role and no type is a message (the SDK's "easy"
+    input message)."""
+    if not isinstance(value, dict):
+        return getattr(value, "type", None)
+    return value.get("type") or ("message" if "role" in value else None)
 
 
-class FunctionCallItem(Strict):
+class FunctionCallItem(Schema):
     type: Literal["function_call"]
     call_id: str = Field(max_length=MAX_ID_CHARS)
     name: Name
     arguments: str
+    namespace: Name | None = None  # a namespace tool's function (`flat_name`)
     id: str | None = Field(None, max_length=MAX_ID_CHARS)
     status: Status | None = None
     caller: dict[str, Any] | None = None  # "direct": the only caller there is here
 
 
-class FunctionCallOutputItem(Strict):
+class FunctionCallOutputItem(Schema):
     type: Literal["function_call_output"]
     call_id: str = Field(max_length=MAX_ID_CHARS)
     output: str | Annotated[list[InputText], Field(max_length=MAX_PARTS)]
@@ -165,17 +181,17 @@ class FunctionCallOutputItem(Strict):
         return _known(value, ("input_text",), "output")
 
 
-class SummaryText(Strict):
+class SummaryText(Schema):
     type: Literal["summary_text"]
     text: str
 
 
-class ReasoningText(Strict):
+class ReasoningText(Schema):
     type: Literal["reasoning_text"]
     text: str
 
 
-class ReasoningItem(Strict):
+class ReasoningItem(Schema):
     """Thinking sent back (steward's own, or a summary): the next assistant turn's
     `reasoning_content` for templates that render it."""
 
@@ -188,8 +204,11 @@ class ReasoningItem(Strict):
 
 
 Item = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
-    Field(discriminator="type"),
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_kind),
 ]
 
 
@@ -198,12 +217,18 @@ def canonical(item: Item) -> dict[str, Any]:
     return item.model_dump(exclude_none=True, by_alias=True)
 
 
-class FunctionTool(Strict):
-    type: Literal["function"]
+class FunctionTool(Schema):
+    """A function the model may call: `type` `function`, or a type steward does not know
+    with a `name` and `parameters` (`served`). A deferred one (`defer_loading`) is in the
+    prompt like the others: no tool search needs to find it."""
+
+    type: str = Field("function", max_length=64)
     name: Name
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None  # the schema is enforced whenever a call is forced
+    defer_loading: bool | None = None
+    output_schema: dict[str, Any] | None = None  # describes the output the client sends back
 
     def for_template(self) -> dict[str, Any]:
         function = {"name": self.name, "description": self.description}
@@ -211,12 +236,60 @@ class FunctionTool(Strict):
         return {"type": "function", "function": {k: v for k, v in function.items() if v}}
 
 
-class FunctionChoice(Strict):
+def function(tool: dict[str, Any]) -> bool:
+    """A function, or a tool of any type that carries a name and a schema."""
+    return tool.get("type") == "function" or ("name" in tool and "parameters" in tool)
+
+
+def namespace_tools(tools: Any) -> Any:
+    """A namespace's functions: those steward cannot serve (`custom` tools, which have no
+    schema) are left out (ignored.py)."""
+    return ignored.served_tools(tools, function, UNSERVED_TOOL)
+
+
+def request_tools(tools: Any) -> Any:
+    """Functions and namespaces: hosted tools and `custom` tools are left out."""
+    return ignored.served_tools(
+        tools, lambda tool: tool.get("type") == "namespace" or function(tool), UNSERVED_TOOL
+    )
+
+
+class NamespaceTool(Schema):
+    """Functions grouped under a name (Codex sends its sub-agent tools so): served as
+    functions named `flat_name(namespace, name)`, and a call to one comes back with its
+    `namespace` and `name` apart, as the client dispatches it."""
+
+    type: Literal["namespace"]
+    name: Name
+    description: str | None = None  # not shown: the flat names carry the namespace
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)]
+
+    _served = field_validator("tools", mode="before")(namespace_tools)
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """`multi_agent_v1__close_agent`: Codex's own flat name for a namespaced tool (its
+    `ToolName::canonical_flat_name`)."""
+    return f"{namespace.rstrip('_')}__{name.lstrip('_')}"
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "namespace" if kind == "namespace" else "function"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[NamespaceTool, Tag("namespace")],
+    Discriminator(_tool_kind),
+]
+
+
+class FunctionChoice(Schema):
     type: Literal["function"]
     name: Name
 
 
-class AllowedTools(Strict):
+class AllowedTools(Schema):
     type: Literal["allowed_tools"]
     mode: Literal["auto", "required"]
     tools: Annotated[list[FunctionChoice], Field(min_length=1, max_length=MAX_TOOLS)]
@@ -225,7 +298,7 @@ class AllowedTools(Strict):
 ToolChoice = Literal["none", "auto", "required"] | FunctionChoice | AllowedTools
 
 
-class TextFormat(Strict):
+class TextFormat(Schema):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, max_length=MAX_NAME_CHARS)
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -242,12 +315,12 @@ class TextFormat(Strict):
         return self.model_dump(exclude_none=True, by_alias=True)
 
 
-class TextConfig(Strict):
+class TextConfig(Schema):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # one model, one verbosity
 
 
-class ReasoningConfig(Strict):
+class ReasoningConfig(Schema):
     effort: Effort | None = None
     summary: Summary | None = None  # no summariser here: the thinking itself is given
     generate_summary: Summary | None = None  # the deprecated name of `summary`
@@ -255,19 +328,24 @@ class ReasoningConfig(Strict):
     mode: str | None = Field(None, max_length=64)  # one model, one mode
 
 
-class StreamOptions(Strict):
+class StreamOptions(Schema):
     include_obfuscation: bool | None = None  # no obfuscation is ever added
 
 
-class AccessPrograms(Strict):
+class AccessPrograms(Schema):
     cyber: Literal["standard", "daybreak_blue", "daybreak_red"] | None = None
 
 
-class ImageOptions(Strict):
+class ImageOptions(Schema):
     context_compression: Literal["auto", "enabled", "disabled"] | None = None
 
 
-class ResponsesRequest(Strict):
+class Compaction(Schema):
+    type: str = Field(max_length=64)  # `compaction`
+    compact_threshold: int | None = Field(None, ge=0)
+
+
+class ResponsesRequest(Schema):
     model: str | None = Field(None, max_length=256)
     input: Annotated[list[Item], Field(max_length=MAX_MESSAGES)] | None = None  # or a string
     instructions: str | None = None
@@ -275,7 +353,7 @@ class ResponsesRequest(Strict):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
@@ -301,38 +379,25 @@ class ResponsesRequest(Strict):
     ) = None
     access_programs: AccessPrograms | None = None
     image: ImageOptions | None = None
+    # Compaction past a threshold: steward compacts nothing, and an input over the context
+    # is a 400 `context_length_exceeded`, on which Codex compacts the history itself.
+    context_management: Annotated[list[Compaction], Field(max_length=8)] | None = None
     # Refused when given (REFUSED says why).
     background: bool | None = None
     background_options: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
-    context_management: list[dict[str, Any]] | None = None
     moderation: dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
 
     @field_validator("input", mode="before")
     @classmethod
     def _items(cls, value: Any) -> Any:
-        """A string is one user message; an item with a role and no type is a message (the
-        SDK's "easy" input message); a message's string content is its one text part."""
+        """A string is one user message."""
         if isinstance(value, str):
             value = [{"role": "user", "content": value}]
-        if isinstance(value, list):
-            value = [_message(v) if isinstance(v, dict) and "role" in v else v for v in value]
         return _known(value, ITEM_TYPES, "input")
 
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _function_tools(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            for i, tool in enumerate(value):
-                kind = tool.get("type") if isinstance(tool, dict) else None
-                if isinstance(kind, str) and kind != "function":
-                    raise ValueError(
-                        f"tools.{i}.type: the {kind!r} tool is not served by steward: it runs "
-                        "no hosted tools; give function tools (type 'function') and run them "
-                        "yourself"
-                    )
-        return value
+    _served = field_validator("tools", mode="before")(request_tools)
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -357,8 +422,8 @@ class ResponsesRequest(Strict):
                 "than the context is a 400 (context_length_exceeded)"
             )
         check_tools(
-            [tool.name for tool in self.tools or []],
-            self.tool_choice not in (None, "none"),
+            [tool.name for tool in self.functions()],
+            self.tool_choice not in (None, "none", "auto"),
             self.chosen(),
             self.structured() and bool(self.tools) and self.choice() != "none",
             "text.format",
@@ -375,7 +440,7 @@ class ResponsesRequest(Strict):
             return choice.mode
         if choice is not None:
             return choice
-        return "auto" if self.tools else "none"
+        return "auto" if self.functions() else "none"
 
     def chosen(self) -> list[str]:
         choice = self.tool_choice
@@ -383,12 +448,33 @@ class ResponsesRequest(Strict):
             return [tool.name for tool in choice.tools]
         return [choice.name] if isinstance(choice, FunctionChoice) else []
 
+    def functions(self) -> list[FunctionTool]:
+        """Every function served, a namespace's named by `flat_name`."""
+        functions: list[FunctionTool] = []
+        for tool in self.tools or []:
+            if isinstance(tool, NamespaceTool):
+                functions += [
+                    f.model_copy(update={"name": flat_name(tool.name, f.name)}) for f in tool.tools
+                ]
+            else:
+                functions.append(tool)
+        return functions
+
+    def namespaced(self) -> dict[str, tuple[str, str]]:
+        """A namespace's functions: flat name -> (namespace, name)."""
+        return {
+            flat_name(tool.name, f.name): (tool.name, f.name)
+            for tool in self.tools or []
+            if isinstance(tool, NamespaceTool)
+            for f in tool.tools
+        }
+
     def allowed(self) -> list[FunctionTool]:
-        """The tools the model may call (all, or those `allowed_tools` names)."""
-        tools = self.tools or []
+        """The functions the model may call (all, or those `allowed_tools` names)."""
+        functions = self.functions()
         if isinstance(self.tool_choice, AllowedTools):
-            return [tool for tool in tools if tool.name in self.chosen()]
-        return tools
+            return [tool for tool in functions if tool.name in self.chosen()]
+        return functions
 
     def format(self) -> TextFormat:
         given = self.text.format if self.text else None
@@ -411,4 +497,4 @@ class ResponsesRequest(Strict):
         return [canonical(item) for item in self.input or []]
 
     def tools_chars(self) -> int:
-        return sum(len(json.dumps(tool.model_dump(exclude_none=True))) for tool in self.tools or [])
+        return sum(len(json.dumps(tool.for_template())) for tool in self.functions())
