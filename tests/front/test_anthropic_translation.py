@@ -555,15 +555,28 @@ def test_the_routes_are_documented_in_anthropics_envelope() -> None:
     assert "text/event-stream" in paths["/v1/messages"]["post"]["responses"]["200"]["content"]
 
 
-def png() -> str:
+def png(colour: str = "red") -> str:
     import base64
     import io
 
     from PIL import Image
 
     out = io.BytesIO()
-    Image.new("RGB", (4, 4), "red").save(out, "PNG")
+    Image.new("RGB", (4, 4), colour).save(out, "PNG")
     return base64.b64encode(out.getvalue()).decode()
+
+
+def colour(data: bytes) -> tuple[int, ...]:
+    import io
+
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB").getpixel((0, 0))
+
+
+def image_block(colour: str) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": "image/png", "data": png(colour)}
+    return {"type": "image", "source": source}
 
 
 def test_images_reach_a_vision_model_in_place() -> None:
@@ -589,6 +602,52 @@ def test_images_reach_a_vision_model_in_place() -> None:
     body = {"max_tokens": 4, "messages": [{"role": "user", "content": [remote]}]}
     answer = http.post("/v1/messages", json=body)
     assert answer.status_code == 400 and "remote image URLs are refused" in answer.text
+
+
+def test_an_image_in_a_tools_result_is_shown_after_the_tool_turns() -> None:
+    """Claude Code's screenshots come back as images in a tool's result: for a vision model
+    they follow the tool turns in a user turn (templates draw images in user turns), in
+    order with the others; for a model without vision, the error of any image."""
+    http, supervisor = client(hello)
+    called = [{"type": "tool_use", "id": f"t{i}", "name": "shot", "input": {}} for i in (1, 2)]
+    results = [
+        {
+            "type": "tool_result",
+            "tool_use_id": "t1",
+            "content": [{"type": "text", "text": "A"}, image_block("red")],
+        },
+        {"type": "tool_result", "tool_use_id": "t2", "content": [image_block("lime")]},
+        {"type": "text", "text": "Compare them."},
+        image_block("blue"),
+    ]
+    messages = [
+        {"role": "user", "content": "Take two screenshots."},
+        {"role": "assistant", "content": called},
+        {"role": "user", "content": results},
+    ]
+    body = {"max_tokens": 4, "messages": messages, "tools": [TOOL | {"name": "shot"}]}
+    refused = http.post("/v1/messages", json=body)
+    assert refused.status_code == 400, refused.text
+    assert "does not take images" in refused.json()["error"]["message"]
+    assert supervisor.jobs == []
+    http.app.state.pool.slots[0].vision = True
+    answer = http.post("/v1/messages", json=body)
+    assert answer.status_code == 200, answer.text
+    request = sent(supervisor)
+    assert request.messages[-3:] == [
+        {"role": "tool", "tool_call_id": "t1", "content": "A", "name": "shot"},
+        {"role": "tool", "tool_call_id": "t2", "content": "", "name": "shot"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image"},
+                {"type": "image"},
+                {"type": "text", "text": "Compare them."},
+                {"type": "image"},
+            ],
+        },
+    ]
+    assert [colour(image) for image in request.images] == [(255, 0, 0), (0, 255, 0), (0, 0, 255)]
 
 
 def test_a_system_message_in_the_conversation_is_a_system_turn() -> None:

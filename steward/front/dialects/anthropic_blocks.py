@@ -7,8 +7,10 @@ place, named after the call it answers (`is_error`: its text begins "Error: "; a
 `tool_reference` in it, a tool search's find, is the tool's definition); `thinking`
 blocks sent back are the assistant's `reasoning_content`, which templates that render past
 thinking read (`redacted_thinking` is opaque and left out). Images travel apart, as chat's
-do (`Generate.images`), a placeholder in their place. A block type of Anthropic's that
-steward does not serve (documents, search results, server tools' blocks) is a 400 naming it.
+do (`Generate.images`), a placeholder in their place; an image in a tool's result (Claude
+Code's screenshots and image files) is shown in a user turn after the tool turns, since chat
+templates draw images in user turns only. A block type of Anthropic's that steward does not
+serve (documents, search results, server tools' blocks) is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -71,9 +73,7 @@ class Unserved(Schema):
 
 
 class UnservedResult(Unserved):
-    served: ClassVar[str] = (
-        "text and tool_reference blocks in a tool's result: the template's tool turn is text"
-    )
+    served: ClassVar[str] = "text, image and tool_reference blocks in a tool's result"
 
 
 class TextBlock(Cached):
@@ -139,9 +139,10 @@ class ToolReferenceBlock(Cached):
 
 ResultBlock = Annotated[
     Annotated[TextBlock, Tag("text")]
+    | Annotated[ImageBlock, Tag("image")]
     | Annotated[ToolReferenceBlock, Tag("tool_reference")]
     | Annotated[UnservedResult, Tag("unserved")],
-    _kind(("text", "tool_reference")),
+    _kind(("text", "image", "tool_reference")),
 ]
 
 
@@ -166,6 +167,9 @@ class ToolResultBlock(Cached):
                 lines.append(block.text)
         text = "\n".join(lines)
         return "Error: " + text if self.is_error else text
+
+    def images(self) -> list[ImageBlock]:
+        return [block for block in self.content if isinstance(block, ImageBlock)]
 
 
 class ThinkingBlock(Schema):
@@ -235,11 +239,15 @@ def user_turns(
     message: MessageParam, names: dict[str, str], tools: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """A user (or system) message: its text and images as one turn, each tool result as a
-    tool turn of its own, in the order given (`tools`: the functions tool references name)."""
+    tool turn of its own, in the order given (`tools`: the functions tool references name).
+    The images of a run of tool results open the user turn after the run (module doc)."""
     turns: list[dict[str, Any]] = []
     parts: list[TextBlock | ImageBlock] = []
+    own = False  # whether `parts` holds the message's own blocks, not only tools' images
 
     def flush() -> None:
+        nonlocal own
+        own = False
         if not parts:
             return
         text = text_of([p for p in parts if isinstance(p, TextBlock)])
@@ -254,14 +262,17 @@ def user_turns(
 
     for block in message.content:
         if isinstance(block, ToolResultBlock):
-            flush()
+            if own:
+                flush()
             text = block.text(tools)
             turn = {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
             if name := names.get(block.tool_use_id):
                 turn["name"] = name
             turns.append(turn)
+            parts.extend(block.images())
         elif isinstance(block, TextBlock | ImageBlock):
             parts.append(block)
+            own = True
     flush()
     return turns
 

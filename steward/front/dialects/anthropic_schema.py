@@ -270,7 +270,15 @@ class MessagesPrompt(Schema):
         return kind == "enabled"
 
     def image_urls(self) -> list[str]:
-        return [b.url() for m in self.messages for b in m.content if isinstance(b, ImageBlock)]
+        """Every image's URL in the order of its placeholder: a tool result's with its result."""
+        found = []
+        for message in self.messages:
+            for block in message.content:
+                if isinstance(block, ImageBlock):
+                    found.append(block)
+                elif isinstance(block, ToolResultBlock):
+                    found += block.images()
+        return [block.url() for block in found]
 
     def clear_tool_uses(self) -> list[ClearToolUses]:
         edits = self.context_management.edits if self.context_management else None
