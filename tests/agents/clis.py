@@ -171,7 +171,10 @@ class Opencode(Agent):
 
     def configure(self) -> None:
         limits = self.limits
-        model = {"name": MODEL, "limit": {"context": limits.window, "output": limits.output}}
+        limit = {"context": limits.window, "output": limits.output}
+        if limits.compact_at:  # it compacts at `input` less `compaction.reserved`
+            limit["input"] = limits.window
+        model = {"name": MODEL, "limit": limit}
         provider = {
             "npm": "@ai-sdk/openai-compatible",
             "name": "steward",
@@ -187,6 +190,8 @@ class Opencode(Agent):
             "share": "disabled",
             "permission": {"bash": "allow"},
         }
+        if limits.compact_at:
+            config["compaction"] = {"reserved": limits.window - limits.compact_at}
         self.config.write_text(json.dumps(config, indent=2))
 
     def env(self) -> dict[str, str]:

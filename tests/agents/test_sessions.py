@@ -9,6 +9,7 @@ or, asked by ASK in the user's turn, calls the CLI's shell tool to `cat note.txt
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -120,26 +121,46 @@ def test_a_tool_round_trip(
     assert runner.holds(NOTE.encode()), f"{NOTE} is in none of {cli}'s files"
 
 
-SHORT = Limits(16_384, output=2048, compact_at=12_000)  # what the CLI is told
-LONG_TURN = "Please read this. " + "the quick brown fox jumps over the lazy dog " * 285
+@dataclass(frozen=True)
+class Outgrowing:
+    """A session that outgrows a short context: what the CLI is told, its turns, each
+    turn's words (about 2,500 tokens for every 285)."""
+
+    limits: Limits
+    turns: int
+    words: int
+
+    def turn(self, i: int) -> str:
+        return (
+            f"Turn {i}. Please read this. "
+            + "the quick brown fox jumps over the lazy dog " * self.words
+        )
+
+
+# Claude Code and opencode compact to a summary and the latest turn: three turns of 2,500
+# tokens on their own 8-12 thousand outgrow 16,384 tokens. Codex keeps the session's user
+# messages up to 20,000 (approximate) tokens beside its summary (codex-rs compact.rs,
+# COMPACT_USER_MESSAGE_MAX_TOKENS), so only a context well above that and its own 9,000 can
+# hold a compacted session: four turns of 6,000 tokens outgrow 32,768.
+SHORT = Limits(16_384, output=2048, compact_at=12_000)
+OUTGROWING = {
+    "claude": Outgrowing(SHORT, turns=3, words=285),
+    "codex": Outgrowing(Limits(32_768, output=2048, compact_at=24_000), turns=4, words=680),
+    "opencode": Outgrowing(SHORT, turns=3, words=285),
+}
 
 
 def test_a_session_that_outgrows_the_context(
     cli: str, agent_commands: dict[str, Path], agent_model: Callable[..., Path], tmp_path: Path
 ) -> None:
-    """Three turns of about 2,500 tokens each on the CLI's own 8-12 thousand outgrow a
-    16,384-token context: the CLI compacts its session (in time, or on the 400 that says the
-    prompt is too long) and every turn is answered."""
-    if cli == "opencode":
-        pytest.skip(
-            "opencode 1.18.33 compacts on the 400 but sends the same prompt after (15,410 "
-            "tokens before and after its compaction), and so compacts until it is killed"
-        )
-    server = start(cli, agent_model, context=SHORT.window)
+    """The session's turns outgrow the context: the CLI compacts it (in time, or on the 400
+    that says the prompt is too long) and every turn is answered."""
+    session = OUTGROWING[cli]
+    server = start(cli, agent_model, context=session.limits.window)
     try:
-        runner = agent(cli, agent_commands, tmp_path, server, SHORT)
-        for i in range(3):
-            turn = runner.turn(f"Turn {i}. {LONG_TURN}", again=i > 0)
+        runner = agent(cli, agent_commands, tmp_path, server, session.limits)
+        for i in range(session.turns):
+            turn = runner.turn(session.turn(i), again=i > 0)
             assert turn.code == 0, turn
             assert ANSWER.strip() in turn.out, turn
         made = requests(server)
