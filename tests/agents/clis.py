@@ -14,7 +14,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-MODEL = "tiny"  # the name steward serves the model under (--served-model-name)
 TURN_TIMEOUT = 240  # seconds: a CLI's turn, its retries and a worker's recovery included
 
 
@@ -43,16 +42,17 @@ class Turn:
 
 
 class Agent:
-    """One CLI in a home and a working folder of its own, pointed at `url`."""
+    """One CLI in a home and a working folder of its own, pointed at `url`'s `model`."""
 
     name = ""
     compacted = b""  # what the CLI writes into its session's files when it compacts it
 
-    def __init__(self, command: Path, root: Path, url: str, limits: Limits) -> None:
+    def __init__(self, command: Path, root: Path, url: str, model: str, limits: Limits) -> None:
         self.command = command
         self.home = root / "home"
         self.work = root / "work"
         self.url = url
+        self.model = model
         self.limits = limits
         self.home.mkdir(parents=True, exist_ok=True)
         self.work.mkdir(parents=True, exist_ok=True)
@@ -107,8 +107,8 @@ class Claude(Agent):
         env = {
             "ANTHROPIC_BASE_URL": self.url,
             "ANTHROPIC_API_KEY": "steward",  # any: steward runs here without --api-key
-            "ANTHROPIC_MODEL": MODEL,
-            "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,  # its small model, for side requests
+            "ANTHROPIC_MODEL": self.model,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": self.model,  # its small model, for side requests
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # telemetry, updates, reports
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(limits.output),
@@ -120,7 +120,7 @@ class Claude(Agent):
 
     def args(self, prompt: str, again: bool) -> list[str]:
         allowed = ["--allowedTools", "Bash(cat note.txt)"]  # the one call the model makes
-        return ["-p", prompt, "--model", MODEL, *allowed, *(["--continue"] if again else [])]
+        return ["-p", prompt, "--model", self.model, *allowed, *(["--continue"] if again else [])]
 
 
 class Codex(Agent):
@@ -132,7 +132,7 @@ class Codex(Agent):
     def configure(self) -> None:
         limits = self.limits
         lines = [
-            f'model = "{MODEL}"',
+            f'model = "{self.model}"',
             'model_provider = "steward"',
             f"model_context_window = {limits.window}",
             *(
@@ -174,17 +174,17 @@ class Opencode(Agent):
         limit = {"context": limits.window, "output": limits.output}
         if limits.compact_at:  # it compacts at `input` less `compaction.reserved`
             limit["input"] = limits.window
-        model = {"name": MODEL, "limit": limit}
+        model = {"name": self.model, "limit": limit}
         provider = {
             "npm": "@ai-sdk/openai-compatible",
             "name": "steward",
             "options": {"baseURL": f"{self.url}/v1", "apiKey": "steward"},
-            "models": {MODEL: model},
+            "models": {self.model: model},
         }
         config = {
             "$schema": "https://opencode.ai/config.json",
-            "model": f"steward/{MODEL}",
-            "small_model": f"steward/{MODEL}",
+            "model": f"steward/{self.model}",
+            "small_model": f"steward/{self.model}",
             "provider": {"steward": provider},
             "autoupdate": False,
             "share": "disabled",

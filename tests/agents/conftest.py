@@ -48,7 +48,7 @@ def agent_model(
 
 
 ACCESS = re.compile(
-    r'"(?P<method>[A-Z]+) (?P<path>/v1/\S*)" (?P<status>\d{3})'
+    r'"(?P<method>[A-Z]+) (?P<path>/v1/\S*)" (?P<status>\d{3})(?:.* model=(?P<model>\S+))?'
     r"(?:.* error=(?P<error>\S+))?(?:.* tokens=(?P<prompt>\d+)\+\d+)?"
 )
 
@@ -60,16 +60,19 @@ class Request:
     method: str
     path: str
     status: int
+    model: str | None
     prompt_tokens: int | None
     error: str | None
 
 
-def requests(server: Server) -> list[Request]:
-    """The /v1 requests the server has answered so far, in order."""
+def requests(server: Server, model: str) -> list[Request]:
+    """The /v1 requests for `model` the server has answered so far, in order."""
     found = []
     for line in server.output().splitlines():
-        if match := ACCESS.search(line):
+        if (match := ACCESS.search(line)) and match["model"] == model:
             tokens = match["prompt"] and int(match["prompt"])
             status = int(match["status"])
-            found.append(Request(match["method"], match["path"], status, tokens, match["error"]))
+            found.append(
+                Request(match["method"], match["path"], status, model, tokens, match["error"])
+            )
     return found
