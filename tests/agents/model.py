@@ -18,6 +18,7 @@ are over 60, so sampling at temperature 1 follows the chains too.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -100,4 +101,16 @@ def build_agent_model(
         "lm_head.weight": head,
     }
     save(out, weights)
+    return out
+
+
+def with_context(model: Path, out: Path, context: int) -> Path:
+    """`model` with another context, built once: its files linked into `out`, its config's
+    max_position_embeddings changed (no RoPE scaling reads it: the answers are the same)."""
+    out.mkdir(parents=True)
+    for path in model.iterdir():
+        if path.name != "config.json":
+            (out / path.name).symlink_to(path.resolve())
+    config = json.loads((model / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"max_position_embeddings": context}))
     return out

@@ -4,13 +4,14 @@ with its markers thousands of tokens back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from mlx_lm import generate, load
 from mlx_lm.sample_utils import make_sampler
 
-from tests.agents.model import ANSWER, ASK, CALLS, TOOL_END, TOOL_START, build_agent_model
+from tests.agents.model import ANSWER, ASK, CALLS, TOOL_END, TOOL_START
 
 BASH = {"type": "function", "function": {"name": "Bash", "parameters": {"type": "object"}}}
 FILLER = "the agent's long system prompt " * 3000  # about 18 thousand tokens
@@ -34,17 +35,14 @@ CHATS = {
 
 
 @pytest.fixture(scope="module")
-def agent_model(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> tuple:
-    out = tmp_path_factory.mktemp("agent") / "model"
-    return load(str(build_agent_model(out, default_model_dir, CALLS["claude"])))
+def loaded(agent_model: Callable[..., Path]) -> tuple:
+    return load(str(agent_model("claude")))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("chat", list(CHATS))
-def test_answers_or_calls_as_the_context_says(
-    agent_model: tuple, chat: str, temperature: float
-) -> None:
-    model, tokenizer = agent_model
+def test_answers_or_calls_as_the_context_says(loaded: tuple, chat: str, temperature: float) -> None:
+    model, tokenizer = loaded
     messages, expected = CHATS[chat]
     prompt = tokenizer.apply_chat_template(messages, tools=[BASH], add_generation_prompt=True)
     assert len(prompt) > 15_000
