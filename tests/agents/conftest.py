@@ -70,7 +70,6 @@ class Request:
     method: str
     path: str
     status: int
-    model: str | None
     prompt_tokens: int | None
     error: str | None
 
@@ -82,9 +81,7 @@ def requests(server: Server, model: str) -> list[Request]:
         if (match := ACCESS.search(line)) and match["model"] == model:
             tokens = match["prompt"] and int(match["prompt"])
             status = int(match["status"])
-            found.append(
-                Request(match["method"], match["path"], status, model, tokens, match["error"])
-            )
+            found.append(Request(match["method"], match["path"], status, tokens, match["error"]))
     return found
 
 
