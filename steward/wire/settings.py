@@ -9,7 +9,7 @@ from steward.wire.faultspec import FaultSpec
 from steward.wire.protocol import Calibration
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerSettings:
     source: ModelSource
     generation: int
