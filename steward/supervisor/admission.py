@@ -1,5 +1,5 @@
-"""Admission: the HTTP side of the supervisor. Whether a request may wait for the backend,
-and the honest words when not.
+"""Admission: the HTTP side of the supervisor. Whether a request may wait for the backend
+(the words when not are answers.py's).
 
 A request is refused at once when waiting cannot help it: the server is stopping or has
 failed, its payload is quarantined, the queue is full, or it cannot fit the context. Every
@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 
 from steward.config import ServeConfig
 from steward.errors import ApiError
+from steward.supervisor import answers
 from steward.supervisor.events import Observers
-from steward.supervisor.faults import Fault, FaultLog
+from steward.supervisor.faultlog import FaultLog
 from steward.supervisor.jobs import Job
 from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.scheduler import Scheduler
@@ -65,7 +66,7 @@ class Admission:
         config: ServeConfig,
         scheduler: Scheduler,
         quarantine: Quarantine,
-        faults: FaultLog,
+        fault_log: FaultLog,
         events: Observers,
         bringup: BringUp,
         state: Callable[[], State],
@@ -73,7 +74,7 @@ class Admission:
         self.config = config
         self.scheduler = scheduler
         self.quarantine = quarantine
-        self.faults = faults
+        self.fault_log = fault_log
         self.events = events
         self.bringup = bringup
         self.pace = Pace()
@@ -86,13 +87,13 @@ class Admission:
         self, request: Generate, prompt_chars: int, request_id: str, digest: str, stream: bool
     ) -> Job:
         """Queue a request, or refuse it now with the error that says why."""
-        if error := refused(self.state(), self.faults.last, self.retry_after()):
+        if error := answers.refused(self.state(), self.fault_log.last, self.retry_after()):
             raise error
         if self.quarantine.blocked(digest):
             self.events.request_quarantined()
-            raise quarantined(self.config.restart_window)
+            raise answers.quarantined(self.config.restart_window)
         if self.scheduler.queue.full():
-            raise full(self.scheduler.queue.maxsize, self.retry_after())
+            raise answers.full(self.scheduler.queue.maxsize, self.retry_after())
         job = Job(request, next(self._seq), request_id, digest, prompt_chars, stream)
         job.recovery = self.recovery_end
         if error := self.too_long(job):
@@ -118,7 +119,7 @@ class Admission:
     def waited(self) -> ApiError:
         """Why a job is still waiting after --queue-timeout."""
         timeout = self.config.queue_timeout
-        return waited(self.state(), timeout, self.faults.last, self.retry_after())
+        return answers.waited(self.state(), timeout, self.fault_log.last, self.retry_after())
 
     def recovery_end(self) -> float:
         """When the recovery under way should end, or the last one ended (monotonic; 0.0:
@@ -131,70 +132,3 @@ class Admission:
     def retry_after(self) -> int:
         bringup, queued = self.bringup, len(self.scheduler.queue)
         return self.pace.retry_after(self.state(), bringup.seconds, bringup.since, queued)
-
-
-def refused(state: State, last: Fault | None, retry_after: int) -> ApiError | None:
-    """The error for a new request in this state, if it may not wait."""
-    if state is State.STOPPING:
-        return ApiError("server_shutdown", "The server is shutting down.", retry_after)
-    if state is State.FAILED:
-        return exiting(last, retry_after)
-    return None
-
-
-def quarantined(window: float, fault: Fault | None = None) -> ApiError:
-    return ApiError(
-        "request_quarantined",
-        "This request's payload was named by two backend faults; it and identical requests "
-        f"are refused for {window:.0f} s.",
-        fault=fault.ref() if fault else None,
-    )
-
-
-def full(size: int, retry_after: int) -> ApiError:
-    return ApiError("overloaded", f"The request queue is full ({size} waiting).", retry_after)
-
-
-def waited(state: State, queue_timeout: float, last: Fault | None, retry_after: int) -> ApiError:
-    """Why a job is still waiting after --queue-timeout."""
-    if state.serving:
-        return ApiError(
-            "overloaded", f"No capacity within {queue_timeout:.0f} s (queue-timeout).", retry_after
-        )
-    return ApiError(
-        "backend_unavailable",
-        f"The backend is {state}; not ready within {queue_timeout:.0f} s.",
-        retry_after,
-        fault=last.ref() if last else None,
-    )
-
-
-def exiting(fault: Fault | None, retry_after: int) -> ApiError:
-    return ApiError(
-        "backend_unavailable",
-        "The backend cannot recover in this process; it is exiting to be restarted.",
-        retry_after,
-        fault=fault.ref() if fault else None,
-    )
-
-
-def too_big(fault: Fault) -> ApiError:
-    return ApiError(
-        "insufficient_memory",
-        "The backend ran out of memory on this request and is healthy otherwise; a smaller "
-        "request (shorter prompt, fewer max_tokens) may succeed.",
-        fault=fault.ref(),
-    )
-
-
-def unusable(reason: str) -> ApiError:
-    """The model cannot be loaded at all (exit 78): no retry will help."""
-    return ApiError("backend_unavailable", f"The model cannot be served: {reason}.")
-
-
-def shutdown() -> ApiError:
-    return ApiError("server_shutdown", "The server shut down before answering.", 1)
-
-
-def bug(what: str) -> ApiError:
-    return ApiError("internal_error", f"A bug in steward failed this request ({what}).")

@@ -81,7 +81,7 @@ class BringUp:
         bounds: StepBounds,
         speeds: Speeds,
         events: Observers,
-        record: Callable[[Fault], None],  # a bring-up fault, settled: log and count it
+        report: Callable[[Fault], None],  # a bring-up fault, decided: log and count it
         unbudgeted: bool = True,  # no pool budget counts this model's copies of the model
     ) -> None:
         self.config = config
@@ -91,7 +91,7 @@ class BringUp:
         self.bounds = bounds
         self.speeds = speeds
         self.events = events
-        self.record = record
+        self.report = report
         self.intensity = RestartIntensity(config.max_restarts, config.restart_window)
         self.standby = Standby(
             config.standby, self._spawn, self.check, config.load_timeout, unbudgeted
@@ -226,7 +226,7 @@ class BringUp:
         return WorkerSettings(
             source=self.source,
             generation=self.generation,
-            faults=self.specs,
+            specs=self.specs,
             parent_pid=os.getpid(),
             memory_limit=self.config.worker_memory_limit,
             max_batch=self.config.max_batch,
@@ -283,8 +283,8 @@ class BringUp:
                     raise FaultError(failure)
                 phases.lap("canary")
         except FaultError as err:
-            err.fault.settle(Outcome.DISCARDED, "worker discarded (failed to come up)")
-            self.record(err.fault)
+            err.fault.decide(Outcome.DISCARDED, "worker discarded (failed to come up)")
+            self.report(err.fault)
             await link.kill()
             self.link = None
             return False

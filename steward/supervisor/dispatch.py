@@ -14,11 +14,11 @@ import logging
 import time
 
 from steward.config import ServeConfig
-from steward.errors import ApiError, Overflow
-from steward.supervisor import admission
+from steward.supervisor import answers
 from steward.supervisor.admission import Admission
 from steward.supervisor.events import Observers
-from steward.supervisor.faults import Fault, FaultLog
+from steward.supervisor.faultlog import FaultLog
+from steward.supervisor.faults import Fault
 from steward.supervisor.jobs import Event, Job, JobStatus
 from steward.supervisor.link import Sink, WorkerLink
 from steward.supervisor.quarantine import Quarantine
@@ -43,7 +43,7 @@ class Dispatcher:
         scheduler: Scheduler,
         quarantine: Quarantine,
         speeds: Speeds,
-        faults: FaultLog,
+        fault_log: FaultLog,
         events: Observers,
         admission: Admission,
     ) -> None:
@@ -53,7 +53,7 @@ class Dispatcher:
         self.scheduler = scheduler
         self.quarantine = quarantine
         self.speeds = speeds
-        self.faults = faults
+        self.fault_log = fault_log
         self.events = events
         self.admission = admission
         self.busy_since = time.monotonic()  # the batch last went from empty to busy
@@ -93,7 +93,7 @@ class Dispatcher:
         self.admission.wake.set()  # the loop has something to decide
         log.debug("request %s %s", job.request_id, result)
         if isinstance(result, Rejected):
-            self.end(job, rejection(result))
+            self.end(job, answers.rejection(result))
             return
         if result.finish_reason == "cancelled":
             self.end(job, result, JobStatus.CANCELLED)
@@ -109,7 +109,7 @@ class Dispatcher:
         for job in plan.quarantined:
             self._refuse(job, fault)
         for job in plan.too_big:
-            self.end(job, admission.too_big(fault))
+            self.end(job, answers.too_big(fault))
         if plan.shrink:
             self.scheduler.shrink()
             fault.action += f"; batch limit {self.scheduler.limit}"
@@ -122,7 +122,7 @@ class Dispatcher:
     def _refuse(self, job: Job, fault: Fault | None = None) -> None:
         """Quarantined: 422 (or its stream's error event), naming `fault` (else the last)."""
         self.events.request_quarantined()
-        error = admission.quarantined(self.config.restart_window, fault or self.faults.last)
+        error = answers.quarantined(self.config.restart_window, fault or self.fault_log.last)
         self.end(job, error, JobStatus.QUARANTINED)
 
     def _start(self, job: Job, link: WorkerLink) -> None:
@@ -159,7 +159,7 @@ class Dispatcher:
             )
             if link.sinks.pop(job.id, None) is not None:
                 link.send(Cancel(job.id))
-            self.end(job, admission.bug(f"{type(exc).__name__}: {exc}"))
+            self.end(job, answers.bug(f"{type(exc).__name__}: {exc}"))
         finally:
             self.current = None
 
@@ -169,12 +169,3 @@ class Dispatcher:
                 job.seq, job.attempts + 1, prompt_text(job.request), 0
             ):
                 raise InjectedBug(f"injected supervisor:{action} on request {job.seq}")
-
-
-def rejection(rejected: Rejected) -> ApiError:
-    """The worker's refusal of a request as its error; a prompt over the context keeps its
-    counts, for each dialect's words."""
-    if not rejected.context_length:
-        return ApiError(rejected.type, rejected.message)
-    counts = (rejected.prompt_tokens, rejected.context_length, rejected.completion_tokens)
-    return ApiError.too_long(Overflow(*counts))

@@ -24,19 +24,20 @@ import time
 
 from steward.config import ServeConfig
 from steward.model.resolve import ModelSource, is_vision
-from steward.supervisor import admission, recovery
+from steward.supervisor import answers, recovery
 from steward.supervisor.admission import Admission
 from steward.supervisor.bounds import StepBounds
 from steward.supervisor.bringup import BringUp, Spawn
 from steward.supervisor.dispatch import Dispatcher
 from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, Exit
-from steward.supervisor.faults import Fault, FaultClass, FaultLog, Outcome
+from steward.supervisor.faultlog import FaultLog
+from steward.supervisor.faults import Fault, FaultClass, Outcome
 from steward.supervisor.jobs import Job
 from steward.supervisor.link import WorkerLink
 from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.scheduler import Scheduler
-from steward.supervisor.silence import Judged, silence
+from steward.supervisor.silence import Judged, Silence, silence
 from steward.supervisor.snapshot import Snapshot
 from steward.supervisor.speeds import Speeds
 from steward.supervisor.state import State
@@ -54,7 +55,7 @@ class Supervisor:
         self,
         config: ServeConfig,
         source: ModelSource,
-        faults: list[FaultSpec],
+        specs: list[FaultSpec],  # what --inject-fault asks of this model's workers
         spawn: Spawn = WorkerLink.spawn,  # tests of the decisions pass a fake worker line
         bring_up_s: float | None = None,  # the model's last bring-up: Retry-After's guess
         quarantine: Quarantine | None = None,  # the model's, kept across loads (pool/slot.py)
@@ -66,7 +67,7 @@ class Supervisor:
         self.vision = source.kind == "mlx" and is_vision(source.path)  # takes images
         self.state = State.STARTING
         self.events = Observers()
-        self.faults = FaultLog(self.events)
+        self.fault_log = FaultLog(self.events)
         self.bounds = StepBounds(config.stall_timeout)
         self.speeds = Speeds()
         self.quarantine = Quarantine(config.restart_window) if quarantine is None else quarantine
@@ -74,12 +75,12 @@ class Supervisor:
         self.bringup = BringUp(
             config,
             source,
-            faults,
+            specs,
             spawn,
             self.bounds,
             self.speeds,
             self.events,
-            self.faults.settle,
+            self.fault_log.report,
             unbudgeted,
         )
         self.bringup.calibration = calibration
@@ -89,18 +90,18 @@ class Supervisor:
             config,
             self.scheduler,
             self.quarantine,
-            self.faults,
+            self.fault_log,
             self.events,
             self.bringup,
             lambda: self.state,
         )
-        self.jobs = Dispatcher(
+        self.dispatch = Dispatcher(
             config,
-            faults,
+            specs,
             self.scheduler,
             self.quarantine,
             self.speeds,
-            self.faults,
+            self.fault_log,
             self.events,
             self.admission,
         )
@@ -121,7 +122,7 @@ class Supervisor:
         return self.bringup.model.context_length
 
     def snapshot(self) -> Snapshot:
-        link, scheduler, last = self.link, self.scheduler, self.faults.last
+        link, scheduler, last = self.link, self.scheduler, self.fault_log.last
         return Snapshot(
             status=self.status(),
             model=self.source.model_id,
@@ -131,7 +132,7 @@ class Supervisor:
             workers_started=self.bringup.generation,
             worker_alive=bool(link and link.alive),
             bring_up_s=self.bringup.seconds,
-            faults_total=self.faults.total,
+            faults_total=self.fault_log.total,
             last_fault=last.summary() if last else None,
             restarts_in_window=self.bringup.intensity.in_window(),
             queue_depth=len(scheduler.queue),
@@ -173,7 +174,7 @@ class Supervisor:
             self.serving()
             while True:
                 assert self.link is not None
-                self.jobs.start_next(self.link)
+                self.dispatch.start_next(self.link)
                 if self._spare_may_start():
                     self.bringup.refill()
                 await self._watch()
@@ -186,18 +187,18 @@ class Supervisor:
                 if failed:
                     job.push(self.queue_error())
                 elif exc.code == EX_CONFIG:  # the requests a load on demand held
-                    job.push(admission.unusable(exc.reason))
+                    job.push(answers.unusable(exc.reason))
                 else:
-                    job.push(admission.shutdown())
+                    job.push(answers.shutdown())
             if not self.exit_code.done():
                 self.exit_code.set_result(exc.code)
         except Exception:
             log.critical("the supervision loop ended on a bug in steward", exc_info=True)
             self.set_state(State.FAILED, "a bug in steward ended the supervision loop")
-            if self.jobs.current is not None:
-                self.jobs.current.push(admission.bug("the supervision loop ended"))
+            if self.dispatch.current is not None:
+                self.dispatch.current.push(answers.bug("the supervision loop ended"))
             for job in self.scheduler.drain():
-                job.push(admission.exiting(None, self.retry_after()))
+                job.push(answers.exiting(None, self.retry_after()))
             self.exit_code.set_result(EX_SOFTWARE)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
@@ -219,7 +220,7 @@ class Supervisor:
                 break
             await asyncio.sleep(0.05)
         for job in self.scheduler.drain():
-            job.push(admission.shutdown())
+            job.push(answers.shutdown())
         if self._task is not None:  # never started: a model unloaded before its load began
             self._task.cancel()  # a worker exiting on request is no fault
         await self.suspicions.close()  # a suspect has nothing to finish
@@ -234,7 +235,7 @@ class Supervisor:
         if self.alive():  # a loop that ended stays `failed`
             self.set_state(State.STOPPING, "closing")
         for job in self.scheduler.drain():
-            job.push(admission.exiting(None, self.retry_after()))
+            job.push(answers.exiting(None, self.retry_after()))
         if self._task is not None:
             self._task.cancel()
         await self.suspicions.close()
@@ -249,11 +250,15 @@ class Supervisor:
         on its way instead of starting a worker from nothing while new requests wait."""
         return self.bringup.model.gpu or not self.scheduler.replaying
 
+    def _silence(self, link: WorkerLink) -> Silence:
+        running = self.scheduler.running.values()
+        return silence(link, running, self.dispatch.busy_since, self.bounds)
+
     async def _watch(self) -> None:
         """Wait for something to decide: work, a job's end, a fault, or a silence's bound."""
         link = self.link
         assert link is not None
-        quiet = silence(link, self.scheduler.running.values(), self.jobs.busy_since, self.bounds)
+        quiet = self._silence(link)
         self.admission.wake.clear()
         woken = asyncio.ensure_future(self.admission.wake.wait())
         timeout = min(TICK, max(0.0, quiet.deadline - time.monotonic()))
@@ -266,7 +271,7 @@ class Supervisor:
         if link.failure.done():
             await self.recover(link.failure.result())
             return
-        quiet = silence(link, self.scheduler.running.values(), self.jobs.busy_since, self.bounds)
+        quiet = self._silence(link)
         judged = quiet.judge(link.heartbeat)
         if judged is Judged.HUNG:
             await self.recover(link.fault(FaultClass.STALL, quiet.message()))
@@ -283,7 +288,7 @@ class Supervisor:
         link = self.link
         assert link is not None
         link.rearm()
-        self.faults.record(fault)
+        self.fault_log.record(fault)
         suspects, regroup = self.seize(fault)
         self.quarantine.fault(job.digest for job in suspects)
         passed, verdict = None, ""
@@ -294,7 +299,7 @@ class Supervisor:
         try:
             action = recovery.worker(fault.cls, passed, self.config.on_fault)
             if action is recovery.Verdict.KEEP:
-                fault.settle(Outcome.KEPT, "kept worker (canary passed)")
+                fault.decide(Outcome.KEPT, "kept worker (canary passed)")
             elif action is recovery.Verdict.EXIT:
                 raise Exit(EX_TEMPFAIL, f"{fault.cls} fault and --on-fault exit")
             else:
@@ -302,12 +307,12 @@ class Supervisor:
                 outcome = await self.bringup.replace(fault)
                 how = "promoted standby" if outcome is Outcome.PROMOTED else "replaced worker"
                 generation = self.link.generation if self.link else 0
-                fault.settle(outcome, verdict + f"{how} (generation {generation})")
+                fault.decide(outcome, verdict + f"{how} (generation {generation})")
         except Exit as exc:
             self.give_up(fault, suspects, verdict + f"exit {exc.code}")
             raise
         self.plan(fault, suspects, regroup, kept=passed is True)
-        self.faults.settle(fault)
+        self.fault_log.report(fault)
 
     def seize(self, fault: Fault) -> tuple[list[Job], bool]:
         """The batch faulted: its members are suspects now, off the serving worker."""
@@ -329,16 +334,16 @@ class Supervisor:
         affordable = None if kept else max(0, self.config.max_restarts - intensity.in_window())
         convicted = {j.digest for j in suspects if self.quarantine.blocked(j.digest)}
         plan = recovery.suspects(suspects, fault.cls, kept, regroup, convicted, affordable)
-        self.jobs.carry_out(plan, fault)
+        self.dispatch.carry_out(plan, fault)
         self.serving()
         fault.recovery_s = round(time.monotonic() - fault.detected, 3)
 
     def give_up(self, fault: Fault, suspects: list[Job], action: str) -> None:
         """No worker will serve: the suspects are told the process exits."""
-        fault.settle(Outcome.EXIT, action)
+        fault.decide(Outcome.EXIT, action)
         for job in suspects:
-            self.jobs.end(job, admission.exiting(fault, self.retry_after()))
-        self.faults.settle(fault)
+            self.dispatch.end(job, answers.exiting(fault, self.retry_after()))
+        self.fault_log.report(fault)
 
     # -- state --------------------------------------------------------------------------
 
@@ -346,7 +351,7 @@ class Supervisor:
         """Serving: `degraded` while a fault is within the restart window, a suspect awaits
         its verdict, or decode is slow."""
         self.scheduler.worker_max = self.bringup.model.max_batch or self.scheduler.worker_max
-        last = self.faults.last
+        last = self.fault_log.last
         if last and time.time() - last.at < self.config.restart_window:
             self.set_state(State.DEGRADED, f"fault {last.id} ({last.cls}) in the restart window")
         elif aside := self.suspicions.pending():

@@ -142,7 +142,7 @@ class Suspicions:
         sup = self.sup
         old = sup.link
         assert old is not None
-        sup.faults.name(fault)
+        sup.fault_log.name(fault)
         suspects, regroup = sup.seize(fault)
         strike = sup.quarantine.fault(job.digest for job in suspects)
         try:
@@ -153,7 +153,7 @@ class Suspicions:
         aside = Aside(old, fault, charge, strike, since)
         sup.bringup.asides.append(aside)
         generation = sup.link.generation if sup.link else 0
-        fault.settle(
+        fault.decide(
             Outcome.PROMOTED,
             f"promoted standby (generation {generation}); worker {old.generation} aside until "
             "its verdict",
@@ -214,6 +214,6 @@ class Suspicions:
         else:
             fault.message += f"; silent to the ceiling ({sup.config.stall_timeout:.0f} s)"
             fault.action += "; hung: killed at the ceiling"
-        sup.faults.settle(fault)
+        sup.fault_log.report(fault)
         sup.bringup.asides.remove(aside)  # its memory is free as it dies
         await link.kill()

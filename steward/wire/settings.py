@@ -13,7 +13,7 @@ from steward.wire.protocol import Calibration
 class WorkerSettings:
     source: ModelSource
     generation: int
-    faults: list[FaultSpec]
+    specs: list[FaultSpec]  # what --inject-fault asks of this worker
     parent_pid: int
     memory_limit: int | None = None
     max_batch: int = 0  # 0: auto (width.py)

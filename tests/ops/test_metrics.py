@@ -107,10 +107,10 @@ def test_counters_and_histograms(supervisor: SimpleNamespace) -> None:
     metrics.canary_ran(False, 0.2)
     metrics.request_quarantined()
     kept = Fault(FaultClass.GPU_TIMEOUT, "GPU Timeout", 1)
-    kept.settle(Outcome.KEPT, "kept worker (canary passed)")
+    kept.decide(Outcome.KEPT, "kept worker (canary passed)")
     kept.recovery_s = 0.3
     lost = Fault(FaultClass.WORKER_CRASH, "killed by SIGSEGV", 2)
-    lost.settle(Outcome.EXIT, "canary failed (worker_crash); exit 75")  # the words never matter
+    lost.decide(Outcome.EXIT, "canary failed (worker_crash); exit 75")  # the words never matter
     metrics.fault_settled(kept)
     metrics.fault_settled(lost)
     metrics.request_done(done(0.02, 480.0))

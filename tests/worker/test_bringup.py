@@ -23,7 +23,7 @@ def settings(model: Path, **more) -> WorkerSettings:
     return WorkerSettings(
         source=ModelSource("mlx", model, "tiny"),
         generation=1,
-        faults=[],
+        specs=[],
         parent_pid=os.getpid(),
         **more,
     )
