@@ -31,7 +31,7 @@ from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_TEMPFAIL, Exit
 from steward.supervisor.faults import DEVICE_FAULTS, Fault, FaultClass, Outcome, classify
 from steward.supervisor.intensity import RestartIntensity
-from steward.supervisor.link import FaultError, WorkerLink
+from steward.supervisor.line import FaultError, Link
 from steward.supervisor.phases import Phases
 from steward.supervisor.speeds import Speeds
 from steward.supervisor.standby import Standby
@@ -41,7 +41,7 @@ from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.supervisor")
 
-Spawn = Callable[[WorkerSettings], Awaitable[WorkerLink]]
+Spawn = Callable[[WorkerSettings], Awaitable[Link]]
 POLITE = 2.0  # seconds a worker being replaced has to exit on its own
 HUNG = frozenset({FaultClass.WORKER_CRASH, FaultClass.STALL})  # nothing to ask politely
 
@@ -64,7 +64,7 @@ class Model:
 class Aside:
     """A worker suspected of a hang, kept (not killed) until its verdict (failover.py)."""
 
-    link: WorkerLink
+    link: Link
     fault: Fault  # named; recorded only if the verdict is a fault
     charge: float  # the restart its failover cost (withdrawn if it was slow)
     strike: int  # the quarantine's strike of its suspects (likewise)
@@ -97,7 +97,7 @@ class BringUp:
             config.standby, self._spawn, self.check, config.load_timeout, unbudgeted
         )
         self.model = Model()
-        self.link: WorkerLink | None = None  # the serving worker's line
+        self.link: Link | None = None  # the serving worker's line
         self.asides: list[Aside] = []  # suspects awaiting their verdict
         self.golden: tuple[float, ...] | None = None  # the canary's tokens, or its vector
         self.calibration: Calibration | None = None  # what the model's first worker measured
@@ -165,13 +165,13 @@ class BringUp:
     def refill(self) -> None:
         self.standby.refill(self.room())
 
-    def retire_later(self, link: WorkerLink, fault: Fault | None) -> None:
+    def retire_later(self, link: Link, fault: Fault | None) -> None:
         """Retire a worker while the loop goes on (its memory is not wanted now)."""
         task = asyncio.ensure_future(self.retire(link, fault))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def retire(self, link: WorkerLink, fault: Fault | None) -> None:
+    async def retire(self, link: Link, fault: Fault | None) -> None:
         """Stop a worker that is being replaced (`fault`: why, None for a worker that
         did nothing wrong): politely if it still answers."""
         if (fault is not None and fault.cls in HUNG) or not link.alive:
@@ -190,7 +190,7 @@ class BringUp:
         if self.link is not None:
             await self.link.kill()
 
-    async def check(self, link: WorkerLink | None = None) -> Fault | None:
+    async def check(self, link: Link | None = None) -> Fault | None:
         """Run the canary on a worker (the serving one by default): None if it passed."""
         link = link or self.link
         assert link is not None
@@ -216,7 +216,7 @@ class BringUp:
             return canary.mismatch(link, f"canary {shown} differs from {golden}")
         return None
 
-    async def _spawn(self, warm: bool) -> WorkerLink:
+    async def _spawn(self, warm: bool) -> Link:
         link = await self.spawn(self._settings(warm))
         link.clocks = self.bounds.measured
         return link
@@ -265,7 +265,7 @@ class BringUp:
         device = fault is not None and fault.cls in DEVICE_FAULTS
         return await self._bring_up(link, phases, load=warm, check=warm or device)
 
-    async def _bring_up(self, link: WorkerLink, phases: Phases, load: bool, check: bool) -> bool:
+    async def _bring_up(self, link: Link, phases: Phases, load: bool, check: bool) -> bool:
         """Its model loaded, its canary passed: False (fault recorded) if it cannot serve."""
         try:
             if load:

@@ -20,7 +20,7 @@ from steward.supervisor.events import Observers
 from steward.supervisor.faultlog import FaultLog
 from steward.supervisor.faults import Fault
 from steward.supervisor.jobs import Event, Job, JobStatus
-from steward.supervisor.link import Sink, WorkerLink
+from steward.supervisor.line import Link, Sink
 from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.recovery import Plan
 from steward.supervisor.scheduler import Scheduler
@@ -59,7 +59,7 @@ class Dispatcher:
         self.busy_since = time.monotonic()  # the batch last went from empty to busy
         self.current: Job | None = None  # being started: a loop-ending bug fails it
 
-    def start_next(self, link: WorkerLink) -> None:
+    def start_next(self, link: Link) -> None:
         """Start queued jobs (or the next probation group) while the batch has room."""
         while (job := self.scheduler.next()) is not None:
             self._start(job, link)
@@ -125,7 +125,7 @@ class Dispatcher:
         error = answers.quarantined(self.config.restart_window, fault or self.fault_log.last)
         self.end(job, error, JobStatus.QUARANTINED)
 
-    def _start(self, job: Job, link: WorkerLink) -> None:
+    def _start(self, job: Job, link: Link) -> None:
         """Send one job to the worker. Anything raised here is a bug in steward that fails
         this job alone, and the loop goes on."""
         if self.quarantine.blocked(job.digest):  # a copy convicted while this one waited
@@ -157,7 +157,7 @@ class Dispatcher:
                 exc_info=True,
                 extra={"request_id": job.request_id},
             )
-            if link.sinks.pop(job.id, None) is not None:
+            if link.forget(job.id):
                 link.send(Cancel(job.id))
             self.end(job, answers.bug(f"{type(exc).__name__}: {exc}"))
         finally:

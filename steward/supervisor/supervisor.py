@@ -34,6 +34,7 @@ from steward.supervisor.exits import EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, Exit
 from steward.supervisor.faultlog import FaultLog
 from steward.supervisor.faults import Fault, FaultClass, Outcome
 from steward.supervisor.jobs import Job
+from steward.supervisor.line import Link
 from steward.supervisor.link import WorkerLink
 from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.scheduler import Scheduler
@@ -114,7 +115,7 @@ class Supervisor:
         self._task: asyncio.Task[None] | None = None
 
     @property
-    def link(self) -> WorkerLink | None:
+    def link(self) -> Link | None:
         return self.bringup.link
 
     @property
@@ -250,7 +251,7 @@ class Supervisor:
         on its way instead of starting a worker from nothing while new requests wait."""
         return self.bringup.model.gpu or not self.scheduler.replaying
 
-    def _silence(self, link: WorkerLink) -> Silence:
+    def _silence(self, link: Link) -> Silence:
         running = self.scheduler.running.values()
         return silence(link, running, self.dispatch.busy_since, self.bounds)
 
@@ -319,7 +320,7 @@ class Supervisor:
         link = self.link
         assert link is not None
         suspects, regroup = self.scheduler.fault()
-        link.sinks.clear()
+        link.forget_all()
         for job in suspects:  # a kept worker may have taken some in after the fault
             link.send(Cancel(job.id))
         if len(suspects) == 1:

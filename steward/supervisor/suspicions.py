@@ -31,7 +31,7 @@ from steward.supervisor.bringup import Aside
 from steward.supervisor.exits import Exit
 from steward.supervisor.failover import Move, Verdict
 from steward.supervisor.faults import Fault, Outcome
-from steward.supervisor.link import WorkerLink
+from steward.supervisor.line import Link
 from steward.supervisor.silence import Silence
 from steward.supervisor.state import State
 
@@ -96,7 +96,7 @@ class Suspicions:
             await aside.link.kill()
 
     async def _watch(
-        self, link: WorkerLink, fault: Fault, since: float, deadline: float, race: bool
+        self, link: Link, fault: Fault, since: float, deadline: float, race: bool
     ) -> None:
         """The suspect keeps its batch until it steps (nothing done), fails (that fault),
         the replacement racing it is ready (promoted), or `deadline` (a `stall`)."""
@@ -125,7 +125,7 @@ class Suspicions:
                 continue
             return
 
-    async def _lifted(self, link: WorkerLink, since: float) -> None:
+    async def _lifted(self, link: Link, since: float) -> None:
         """It stepped before anything was done: slow, not hung."""
         log.warning(
             "worker %d stepped after %.1f s of silence: slow, not hung; nothing replayed",
