@@ -12,8 +12,10 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 from steward.config import ServeConfig
+from steward.errors import ApiError
 from steward.supervisor import answers
 from steward.supervisor.admission import Admission
 from steward.supervisor.events import Observers
@@ -64,9 +66,19 @@ class Dispatcher:
         while (job := self.scheduler.next()) is not None:
             self._start(job, link)
 
-    def end(self, job: Job, event: Event, status: JobStatus = JobStatus.FINISHED) -> None:
-        self.scheduler.ended(job, status)
+    def end(self, job: Job, event: Event, status: JobStatus | None = None) -> None:
+        """The one place a job ends: its status set (an answer's `finished`, an error's
+        `failed`, unless told), then its last event pushed to its client. The first end
+        decides: a job that ended already keeps its status."""
+        if not job.status.ended:
+            answered = JobStatus.FAILED if isinstance(event, ApiError) else JobStatus.FINISHED
+            self.scheduler.ended(job, status or answered)
         job.push(event)
+
+    def end_all(self, error: Callable[[], ApiError]) -> None:
+        """Every unfinished job ends with `error` (the process is stopping or exiting)."""
+        for job in self.scheduler.drain():
+            self.end(job, error())
 
     def quarantine_waiting(self, digests: list[str]) -> None:
         """Payloads just quarantined: their copies still waiting are refused now."""

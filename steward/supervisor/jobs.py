@@ -1,7 +1,8 @@
 """A request as the supervisor sees it (`Job`), and the bounded FIFO it waits in.
 
 The HTTP handler owns the client side of a job (it reads `events`); the scheduler owns its
-lifecycle, one `JobStatus` it alone sets (scheduler.py); everything else asks. Everything
+lifecycle, one `JobStatus` it alone sets (scheduler.py), and a job ends in one place that
+sets its status and pushes its last event (`Dispatcher.end`); everything else asks. Everything
 happens on one event loop, so no locks.
 """
 
@@ -29,13 +30,17 @@ class JobStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     SUSPECT = "suspect"  # in flight at a fault: waits for its probation group
-    FINISHED = "finished"  # answered, or failed with an error
+    FINISHED = "finished"  # answered
+    FAILED = "failed"  # ended with an error (its last event)
     CANCELLED = "cancelled"
     QUARANTINED = "quarantined"
 
     @property
     def ended(self) -> bool:
-        return self in (JobStatus.FINISHED, JobStatus.CANCELLED, JobStatus.QUARANTINED)
+        return self in (S.FINISHED, S.FAILED, S.CANCELLED, S.QUARANTINED)
+
+
+S = JobStatus
 
 
 @dataclass(eq=False)
@@ -50,7 +55,7 @@ class Job:
     status: JobStatus = JobStatus.QUEUED  # set by the scheduler alone
     attempts: int = 0
     sent: bool = False  # something of the answer reached the client: no replay
-    answered: bool = False  # its last event (an answer or an error) is in `events`
+    answered: bool = False  # its last event is in `events`: any later one is dropped
     queued_at: float = field(default_factory=time.monotonic)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     prefill: int = 0  # prompt tokens this attempt computes (the worker's `Admitted`)
@@ -117,8 +122,8 @@ class Job:
 
     @property
     def finished(self) -> bool:
-        """Nothing more will happen to it (the handler stops waiting)."""
-        return self.answered or self.status.ended
+        """Nothing more will happen to it (the handler stops waiting): its status says so."""
+        return self.status.ended
 
     @property
     def started(self) -> bool:

@@ -89,7 +89,7 @@ class Scheduler:
         self.running[job.id] = job
 
     def ended(self, job: Job, status: JobStatus) -> None:
-        """Answered (or failed: FINISHED), cancelled or quarantined, wherever it was."""
+        """Answered, failed, cancelled or quarantined, wherever it was."""
         self.running.pop(job.id, None)
         self.queue.remove(job)
         job.status = status
@@ -132,7 +132,8 @@ class Scheduler:
         self._shrunk_until = time.monotonic() + self.window
 
     def drain(self) -> list[Job]:
-        """Every unfinished job, taken out (the process is stopping or exiting)."""
+        """Every unfinished job, taken out (the process is stopping or exiting), for the
+        caller to end each (`Dispatcher.end_all`)."""
         jobs = self.unfinished()
         self.running.clear()
         self.suspects = []

@@ -19,10 +19,12 @@ exits 70 (EX_SOFTWARE) so that its supervisor restarts it and someone reads the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
 from steward.config import ServeConfig
+from steward.errors import ApiError
 from steward.model.resolve import ModelSource, is_vision
 from steward.supervisor import answers, recovery
 from steward.supervisor.admission import Admission
@@ -183,23 +185,20 @@ class Supervisor:
             state = State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING
             self.set_state(state, f"exit {exc.code}: {exc.reason}")
             log.critical("exiting %d: %s", exc.code, exc.reason)
-            failed = exc.code == EX_TEMPFAIL
-            for job in self.scheduler.drain():
-                if failed:
-                    job.push(self.queue_error())
-                elif exc.code == EX_CONFIG:  # the requests a load on demand held
-                    job.push(answers.unusable(exc.reason))
-                else:
-                    job.push(answers.shutdown())
+            if exc.code == EX_TEMPFAIL:
+                self.dispatch.end_all(self.queue_error)
+            elif exc.code == EX_CONFIG:  # the requests a load on demand held
+                self.dispatch.end_all(functools.partial(answers.unusable, exc.reason))
+            else:
+                self.dispatch.end_all(answers.shutdown)
             if not self.exit_code.done():
                 self.exit_code.set_result(exc.code)
         except Exception:
             log.critical("the supervision loop ended on a bug in steward", exc_info=True)
             self.set_state(State.FAILED, "a bug in steward ended the supervision loop")
-            if self.dispatch.current is not None:
-                self.dispatch.current.push(answers.bug("the supervision loop ended"))
-            for job in self.scheduler.drain():
-                job.push(answers.exiting(None, self.retry_after()))
+            if (current := self.dispatch.current) is not None:
+                self.dispatch.end(current, answers.bug("the supervision loop ended"))
+            self.dispatch.end_all(self._exiting)
             self.exit_code.set_result(EX_SOFTWARE)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
@@ -220,8 +219,7 @@ class Supervisor:
                 log.warning("drain cut short: %d request(s) abandoned", left)
                 break
             await asyncio.sleep(0.05)
-        for job in self.scheduler.drain():
-            job.push(answers.shutdown())
+        self.dispatch.end_all(answers.shutdown)
         if self._task is not None:  # never started: a model unloaded before its load began
             self._task.cancel()  # a worker exiting on request is no fault
         await self.suspicions.close()  # a suspect has nothing to finish
@@ -235,12 +233,14 @@ class Supervisor:
         failure, this model's are told it is exiting (a retryable 503)."""
         if self.alive():  # a loop that ended stays `failed`
             self.set_state(State.STOPPING, "closing")
-        for job in self.scheduler.drain():
-            job.push(answers.exiting(None, self.retry_after()))
+        self.dispatch.end_all(self._exiting)
         if self._task is not None:
             self._task.cancel()
         await self.suspicions.close()
         await self.bringup.close()
+
+    def _exiting(self) -> ApiError:
+        return answers.exiting(None, self.retry_after())
 
     def _spare_may_start(self) -> bool:
         """A spare's bring-up does not slow the replay of a fault's suspects. On a CPU it
