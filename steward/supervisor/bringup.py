@@ -12,6 +12,10 @@ holds a copy of the model meanwhile, which `room` counts.
 Every later worker of the model (a replacement, a spare) is given what the first one
 measured on the device (`Calibration`: the batch width, the prefill speed and chunk) and
 warms only the shapes. Each bring-up's phases are logged and kept for `/health`.
+
+What it learns (the model's bounds, when a bring-up began and how long the last took) it
+publishes whole as `Facts` (facts.py), which it alone writes; a recovery that may need a
+bring-up says so (`began`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from steward.config import ServeConfig
 from steward.model.resolve import ModelSource
@@ -29,6 +33,7 @@ from steward.supervisor import canary
 from steward.supervisor.bounds import StepBounds
 from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_TEMPFAIL, Exit
+from steward.supervisor.facts import Facts, Model
 from steward.supervisor.faults import DEVICE_FAULTS, Fault, FaultClass, Outcome, classify
 from steward.supervisor.intensity import RestartIntensity
 from steward.supervisor.line import FaultError, Link
@@ -47,20 +52,6 @@ HUNG = frozenset({FaultClass.WORKER_CRASH, FaultClass.STALL})  # nothing to ask 
 
 
 @dataclass
-class Model:
-    """What the serving worker said of its model."""
-
-    context_length: int | None = None
-    max_token_chars: int | None = None  # the longest token's text: bounds a prompt
-    max_batch: int | None = None
-    thinking: bool = False
-    dimensions: int = 0  # an embedding model's vectors (0: a generating model)
-    model_bytes: int = 0  # the device memory the loaded model takes
-    device_bytes: int = 0  # the device's, or its recommended working set where it has one
-    gpu: bool = False  # where it runs
-
-
-@dataclass
 class Aside:
     """A worker suspected of a hang, kept (not killed) until its verdict (failover.py)."""
 
@@ -76,12 +67,14 @@ class BringUp:
         self,
         config: ServeConfig,
         source: ModelSource,
-        specs: list[FaultSpec],
         spawn: Spawn,
-        bounds: StepBounds,
-        speeds: Speeds,
+        *,
+        specs: list[FaultSpec],  # what --inject-fault asks of its workers
+        bounds: StepBounds,  # each worker's step clock feeds them; the canary's ceiling
+        speeds: Speeds,  # the canary's decode speed
         events: Observers,
         report: Callable[[Fault], None],  # a bring-up fault, decided: log and count it
+        calibration: Calibration | None = None,  # what an earlier load of the model measured
         unbudgeted: bool = True,  # no pool budget counts this model's copies of the model
     ) -> None:
         self.config = config
@@ -96,25 +89,23 @@ class BringUp:
         self.standby = Standby(
             config.standby, self._spawn, self.check, config.load_timeout, unbudgeted
         )
-        self.model = Model()
+        self.facts = Facts(since=time.monotonic())  # what it knows: its own to write
         self.link: Link | None = None  # the serving worker's line
         self.asides: list[Aside] = []  # suspects awaiting their verdict
         self.golden: tuple[float, ...] | None = None  # the canary's tokens, or its vector
-        self.calibration: Calibration | None = None  # what the model's first worker measured
+        self.calibration = calibration  # what the model's first worker measured
         self.generation = 0  # workers started so far, spares included
-        self.seconds = 10.0  # the last bring-up, until measured: a guess for Retry-After
-        # the last bring-up that loaded the model (not a hot spare's swap): what a
-        # replacement costs; `known` once measured here or by an earlier load of the model
-        self.loading_s, self.known = 10.0, False
-        self.since = time.monotonic()  # the bring-up under way began
-        self.phases: dict[str, float] = {}  # the serving worker's bring-up
         self._retiring: set[asyncio.Task[None]] = set()
 
     def measured(self, seconds: float, loaded: bool = True) -> None:
         """A bring-up took `seconds` (`loaded`: the model's load included, not a swap)."""
-        self.seconds = seconds
-        if loaded:
-            self.loading_s, self.known = seconds, True
+        facts = replace(self.facts, seconds=seconds)
+        self.facts = replace(facts, loading_s=seconds, known=True) if loaded else facts
+
+    def began(self) -> None:
+        """A bring-up, or a recovery that may need one, begins now: Retry-After and the
+        recovery's expected end count from here."""
+        self.facts = replace(self.facts, since=time.monotonic())
 
     async def first(self) -> None:
         """The first worker, or its replacement if it cannot come up."""
@@ -125,7 +116,7 @@ class BringUp:
         """Put another worker in place of this one, the spare if there is one, within the
         restart intensity (a promotion counts as a restart)."""
         old, self.link = self.link, None
-        self.since = time.monotonic()
+        self.began()
         if old is not None and self.standby.holding:  # the spare holds its own copy
             self.retire_later(old, fault)
         elif old is not None:
@@ -146,7 +137,7 @@ class BringUp:
         if charge is None:
             raise self._spent()
         self.link = None
-        self.since = time.monotonic()
+        self.began()
         promoted = await self._promote(fault)
         assert promoted, "a ready hot spare's promotion is a swap"
         return charge
@@ -195,7 +186,7 @@ class BringUp:
         link = link or self.link
         assert link is not None
         started = time.monotonic()
-        dimensions, ceiling = self.model.dimensions, self.bounds.ceiling
+        dimensions, ceiling = self.facts.model.dimensions, self.bounds.ceiling
         try:
             if dimensions:
                 answer, done = await canary.embed(link, ceiling, dimensions)
@@ -241,7 +232,7 @@ class BringUp:
 
     async def _start_worker(self) -> bool:
         """Spawn, load, canary. False (fault recorded) when this worker cannot serve."""
-        self.since = time.monotonic()
+        self.began()
         phases = Phases()
         self.link = link = await self._spawn(warm=False)
         phases.lap("spawn")
@@ -288,25 +279,27 @@ class BringUp:
             await link.kill()
             self.link = None
             return False
-        self.measured(time.monotonic() - self.since, loaded=load)
-        self.phases = phases.seconds
-        log.info("worker %d ready in %.2f s (%s)", link.generation, self.seconds, phases.text())
+        seconds = time.monotonic() - self.facts.since
+        self.measured(seconds, loaded=load)
+        self.facts = replace(self.facts, phases=phases.seconds)
+        log.info("worker %d ready in %.2f s (%s)", link.generation, seconds, phases.text())
         return True
 
     def _adopt(self, msg: Ready) -> None:
         """What the worker said of the model: its bounds, and whether two copies fit."""
         device = msg.working_set_bytes or msg.memory_bytes
-        self.model = Model(
-            msg.context_length,
-            msg.max_token_chars,
-            msg.max_batch,
-            msg.thinking,
-            msg.dimensions,
+        model = Model(
+            context_length=msg.context_length,
+            max_token_chars=msg.max_token_chars,
+            max_batch=msg.max_batch,
+            thinking=msg.thinking,
+            dimensions=msg.dimensions,
             model_bytes=msg.model_bytes,
             device_bytes=device,
             gpu=msg.device == "gpu",
         )
-        self.bounds.device(self.model.gpu)
+        self.facts = replace(self.facts, model=model)
+        self.bounds.device(model.gpu)
         if self.golden is None:  # the first worker: the standby is chosen once, and what
             self.standby.choose(msg.model_bytes, device)  # it measured serves every later one
             self.calibration = msg.calibration

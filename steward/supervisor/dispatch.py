@@ -14,18 +14,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from steward.config import ServeConfig
 from steward.errors import ApiError
 from steward.supervisor import answers
-from steward.supervisor.admission import Admission
-from steward.supervisor.events import Observers
-from steward.supervisor.faultlog import FaultLog
+from steward.supervisor.context import Context
 from steward.supervisor.faults import Fault
 from steward.supervisor.jobs import Event, Job, JobStatus
 from steward.supervisor.line import Link, Sink
-from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.recovery import Plan
-from steward.supervisor.scheduler import Scheduler
 from steward.supervisor.speeds import Speeds
 from steward.wire.faultspec import FaultSpec, Periods
 from steward.wire.protocol import Cancel, Done, Rejected, Token, prompt_text
@@ -38,26 +33,12 @@ class InjectedBug(RuntimeError):
 
 
 class Dispatcher:
-    def __init__(
-        self,
-        config: ServeConfig,
-        specs: list[FaultSpec],
-        scheduler: Scheduler,
-        quarantine: Quarantine,
-        speeds: Speeds,
-        fault_log: FaultLog,
-        events: Observers,
-        admission: Admission,
-    ) -> None:
-        self.config = config
+    def __init__(self, context: Context, specs: list[FaultSpec], speeds: Speeds) -> None:
+        self.context = context
+        self.scheduler = context.scheduler  # the one it sends from and ends jobs through
         self.specs = specs
         self.periods = Periods(specs)
-        self.scheduler = scheduler
-        self.quarantine = quarantine
         self.speeds = speeds
-        self.fault_log = fault_log
-        self.events = events
-        self.admission = admission
         self.busy_since = time.monotonic()  # the batch last went from empty to busy
         self.current: Job | None = None  # being started: a loop-ending bug fails it
 
@@ -93,16 +74,16 @@ class Dispatcher:
         the bound on the worker's silence narrows, so the loop looks again."""
         job.add(token)
         if job.fresh == 1:
-            self.admission.wake.set()
+            self.context.wake.set()
 
     def admitted(self, job: Job, prefill: int) -> None:
         """The worker took the job in: its prefill is known, and with it the bound."""
         job.admitted(prefill)
-        self.admission.wake.set()
+        self.context.wake.set()
 
     def finished(self, job: Job, result: Done | Rejected) -> None:
         """The worker's last word on a job (on the token path: quick, never raises out)."""
-        self.admission.wake.set()  # the loop has something to decide
+        self.context.wake.set()  # the loop has something to decide
         log.debug("request %s %s", job.request_id, result)
         if isinstance(result, Rejected):
             self.end(job, answers.rejection(result))
@@ -111,9 +92,11 @@ class Dispatcher:
             self.end(job, result, JobStatus.CANCELLED)
             return
         self.end(job, result)
-        self.quarantine_waiting(self.quarantine.acquit(job.digest))  # every copy is innocent
-        self.events.request_done(result)
-        self.admission.pace.finished()
+        self.quarantine_waiting(
+            self.context.quarantine.acquit(job.digest)
+        )  # every copy is innocent
+        self.context.events.request_done(result)
+        self.context.pace.finished()
         self.speeds.finished(job.request, result, whole=job.attempts == 1)
 
     def carry_out(self, plan: Plan, fault: Fault) -> None:
@@ -133,20 +116,22 @@ class Dispatcher:
 
     def _refuse(self, job: Job, fault: Fault | None = None) -> None:
         """Quarantined: 422 (or its stream's error event), naming `fault` (else the last)."""
-        self.events.request_quarantined()
-        error = answers.quarantined(self.config.restart_window, fault or self.fault_log.last)
+        ctx = self.context
+        ctx.events.request_quarantined()
+        error = answers.quarantined(ctx.config.restart_window, fault or ctx.fault_log.last)
         self.end(job, error, JobStatus.QUARANTINED)
 
     def _start(self, job: Job, link: Link) -> None:
         """Send one job to the worker. Anything raised here is a bug in steward that fails
         this job alone, and the loop goes on."""
-        if self.quarantine.blocked(job.digest):  # a copy convicted while this one waited
+        if self.context.quarantine.blocked(job.digest):  # a copy convicted while this one waited
             self._refuse(job)
             return
         self.current = job
         self._inject(job, "crash")  # outside the guard below: a bug that ends the loop
         try:
-            if error := self.admission.too_long(job):  # queued before the model's bounds were known
+            # queued before the model's bounds were known
+            if error := job.too_long(self.context.facts().model.prompt_bound):
                 self.end(job, error)
                 return
             self._inject(job, "raise")

@@ -19,6 +19,7 @@ from enum import StrEnum
 import msgspec
 
 from steward.errors import ApiError, Overflow
+from steward.supervisor.facts import PromptBound
 from steward.wire.protocol import CallDelta, Done, Embed, Generate, Logprob, Token
 
 Event = Token | Done | ApiError
@@ -83,12 +84,14 @@ class Job:
             **resumed,
         )
 
-    def too_long(self, context_length: int, max_token_chars: int) -> ApiError | None:
-        """A prompt that cannot fit the context, decided without tokenising it: every token
-        stands for at most `max_token_chars` characters (whitespace included: the longest
-        tokens are runs of it), so a prompt of more characters than `context_length *
-        max_token_chars` cannot fit. An embedding's every input must fit the context, and
-        it wants no completion."""
+    def too_long(self, bound: PromptBound | None) -> ApiError | None:
+        """A prompt that cannot fit the context, decided without tokenising it (None: it
+        may fit, or no worker has said the bound yet): a prompt has at least
+        `bound.least_tokens` of its characters. An embedding's every input must fit the
+        context, and it wants no completion."""
+        if bound is None:
+            return None
+        context_length = bound.context_length
         wanted = (self.request.max_tokens or 1) if isinstance(self.request, Generate) else 0
         if wanted >= context_length:
             return ApiError(
@@ -96,9 +99,9 @@ class Job:
                 f"This model's maximum context length is {context_length} tokens; "
                 f"{wanted} were requested for the completion alone.",
             )
-        if self.prompt_chars <= (context_length - wanted) * max_token_chars:
+        least = bound.least_tokens(self.prompt_chars)
+        if least <= context_length - wanted:
             return None
-        least = -(-self.prompt_chars // max_token_chars)  # tokens it has at the least
         return ApiError.too_long(Overflow(least, context_length, wanted, at_least=True))
 
     def waits_until(self, queue_timeout: float, deadline: float) -> float:

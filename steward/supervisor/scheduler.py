@@ -63,6 +63,10 @@ class Scheduler:
         jobs = [*self.running.values(), *self.suspects, *groups, *self.queue]
         return [j for j in dict.fromkeys(jobs) if not j.finished]
 
+    def worker_said(self, max_batch: int | None) -> None:
+        """What the serving worker can batch (None: it has not said; the last word holds)."""
+        self.worker_max = max_batch or self.worker_max
+
     def enqueue(self, job: Job) -> None:
         job.status = S.QUEUED
         self.queue.put(job)

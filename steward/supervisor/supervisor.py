@@ -30,14 +30,17 @@ from steward.supervisor import answers, recovery
 from steward.supervisor.admission import Admission
 from steward.supervisor.bounds import StepBounds
 from steward.supervisor.bringup import BringUp, Spawn
+from steward.supervisor.context import Context
 from steward.supervisor.dispatch import Dispatcher
 from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, Exit
+from steward.supervisor.facts import PromptBound
 from steward.supervisor.faultlog import FaultLog
 from steward.supervisor.faults import Fault, FaultClass, Outcome
 from steward.supervisor.jobs import Job
 from steward.supervisor.line import Link
 from steward.supervisor.link import WorkerLink
+from steward.supervisor.pace import Pace
 from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.scheduler import Scheduler
 from steward.supervisor.silence import Judged, Silence, silence
@@ -78,39 +81,33 @@ class Supervisor:
         self.bringup = BringUp(
             config,
             source,
-            specs,
             spawn,
-            self.bounds,
-            self.speeds,
-            self.events,
-            self.fault_log.report,
-            unbudgeted,
+            specs=specs,
+            bounds=self.bounds,
+            speeds=self.speeds,
+            events=self.events,
+            report=self.fault_log.report,
+            calibration=calibration,
+            unbudgeted=unbudgeted,
         )
-        self.bringup.calibration = calibration
         if bring_up_s is not None:
             self.bringup.measured(bring_up_s)
-        self.admission = Admission(
-            config,
-            self.scheduler,
-            self.quarantine,
-            self.fault_log,
-            self.events,
-            self.bringup,
-            lambda: self.state,
+        self.context = Context(
+            config=config,
+            scheduler=self.scheduler,
+            quarantine=self.quarantine,
+            fault_log=self.fault_log,
+            events=self.events,
+            pace=Pace(),
+            wake=asyncio.Event(),
+            facts=lambda: self.bringup.facts,
+            state=lambda: self.state,
         )
-        self.dispatch = Dispatcher(
-            config,
-            specs,
-            self.scheduler,
-            self.quarantine,
-            self.speeds,
-            self.fault_log,
-            self.events,
-            self.admission,
-        )
+        self.admission = Admission(self.context)
+        self.dispatch = Dispatcher(self.context, specs, self.speeds)
         self.suspicions = Suspicions(self)
         # the HTTP side: handlers only submit and cancel jobs
-        self.submit, self.cancel = self.admission.submit, self.admission.cancel
+        self.submit = self.admission.submit
         self.queue_error, self.retry_after = self.admission.waited, self.admission.retry_after
         self.exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.started_at = time.time()
@@ -122,10 +119,23 @@ class Supervisor:
 
     @property
     def context_length(self) -> int | None:
-        return self.bringup.model.context_length
+        return self.bringup.facts.model.context_length
+
+    @property
+    def prompt_bound(self) -> PromptBound | None:
+        """What bounds a prompt before it is tokenised, once a worker has said (the front
+        refuses an embedding input past it: `PromptBound.least_tokens`)."""
+        return self.bringup.facts.model.prompt_bound
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone or out of time: drop the job wherever it is (a running one
+        leaves the batch when the worker says it has)."""
+        if self.scheduler.cancel(job) and self.link is not None:
+            self.link.send(Cancel(job.id))
 
     def snapshot(self) -> Snapshot:
         link, scheduler, last = self.link, self.scheduler, self.fault_log.last
+        facts = self.bringup.facts
         return Snapshot(
             status=self.status(),
             model=self.source.model_id,
@@ -134,7 +144,7 @@ class Supervisor:
             worker_generation=link.generation if link else 0,
             workers_started=self.bringup.generation,
             worker_alive=bool(link and link.alive),
-            bring_up_s=self.bringup.seconds,
+            bring_up_s=facts.seconds,
             faults_total=self.fault_log.total,
             last_fault=last.summary() if last else None,
             restarts_in_window=self.bringup.intensity.in_window(),
@@ -148,9 +158,9 @@ class Supervisor:
             decode_baseline=self.speeds.baseline_tps,
             decode_recent=self.speeds.recent_tps,
             uptime_s=time.time() - self.started_at,
-            model_bytes=self.bringup.model.model_bytes,
-            device_bytes=self.bringup.model.device_bytes,
-            phases=dict(self.bringup.phases),
+            model_bytes=facts.model.model_bytes,
+            device_bytes=facts.model.device_bytes,
+            phases=dict(facts.phases),
             suspects=self.suspicions.summary(),
         )
 
@@ -249,7 +259,7 @@ class Supervisor:
         the host's other cores, its short warm-up of shapes and canary are all it asks of
         the device, and a second fault of the same recovery (a poison tried alone) finds it
         on its way instead of starting a worker from nothing while new requests wait."""
-        return self.bringup.model.gpu or not self.scheduler.replaying
+        return self.bringup.facts.model.gpu or not self.scheduler.replaying
 
     def _silence(self, link: Link) -> Silence:
         running = self.scheduler.running.values()
@@ -260,8 +270,8 @@ class Supervisor:
         link = self.link
         assert link is not None
         quiet = self._silence(link)
-        self.admission.wake.clear()
-        woken = asyncio.ensure_future(self.admission.wake.wait())
+        self.context.wake.clear()
+        woken = asyncio.ensure_future(self.context.wake.wait())
         timeout = min(TICK, max(0.0, quiet.deadline - time.monotonic()))
         try:
             await asyncio.wait(
@@ -326,7 +336,7 @@ class Supervisor:
         if len(suspects) == 1:
             fault.request_id = suspects[0].request_id
         self.set_state(State.RECOVERING, f"fault {fault.id} ({fault.cls})")
-        self.bringup.since = time.monotonic()
+        self.bringup.began()
         return suspects, regroup
 
     def plan(self, fault: Fault, suspects: list[Job], regroup: bool, kept: bool) -> None:
@@ -351,7 +361,7 @@ class Supervisor:
     def serving(self) -> None:
         """Serving: `degraded` while a fault is within the restart window, a suspect awaits
         its verdict, or decode is slow."""
-        self.scheduler.worker_max = self.bringup.model.max_batch or self.scheduler.worker_max
+        self.scheduler.worker_said(self.bringup.facts.model.max_batch)
         last = self.fault_log.last
         if last and time.time() - last.at < self.config.restart_window:
             self.set_state(State.DEGRADED, f"fault {last.id} ({last.cls}) in the restart window")
@@ -367,6 +377,6 @@ class Supervisor:
         if state is not old and old is not State.STOPPING:
             log.info("state %s -> %s: %s", old, state, reason)
             if old is State.RECOVERING:
-                self.admission.recovered_at = time.monotonic()
+                self.admission.recovered()
             self.state = state
             self.events.state_changed(old, state, reason)

@@ -82,9 +82,11 @@ class Suspicions:
             return
         if move is Move.RACE:
             standby.rush(bringup.room())
-        limit = failover.patience(move, quiet.allowed, bringup.loading_s, quiet.ceiling, affordable)
+        limit = failover.patience(
+            move, quiet.allowed, bringup.facts.loading_s, quiet.ceiling, affordable
+        )
         sup.set_state(State.RECOVERING, f"worker {link.generation} suspected of a hang")
-        bringup.since = time.monotonic()
+        bringup.began()
         await self._watch(link, fault, quiet.since, quiet.since + limit, move is Move.RACE)
 
     async def close(self) -> None:
@@ -180,7 +182,7 @@ class Suspicions:
         stepped_at = link.last_step if link.last_step >= aside.fault.detected else 0.0
         verdict = failover.verdict(stepped_at, deadline, link.failure.done())
         await self._judged(aside, verdict)
-        self.sup.admission.wake.set()  # the state, the next spare: the loop decides
+        self.sup.context.wake.set()  # the state, the next spare: the loop decides
 
     async def _judged(self, aside: Aside, verdict: Verdict) -> None:
         """Acts on the verdict; the suspect leaves the asides (the memory it held is free

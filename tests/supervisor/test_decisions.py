@@ -196,14 +196,14 @@ def test_a_request_that_meets_a_recovery_waits_for_it_when_it_can_end_in_time():
         supervisor, struck, loads = await struck_while_replaced()
         supervisor.bringup.measured(10.0)  # the last bring-up took 10 s
         waiting = submit(supervisor, 2)
-        expected = supervisor.bringup.since + 2 * 10.0
+        expected = supervisor.bringup.facts.since + 2 * 10.0
         far, near = time.monotonic() + 1000, time.monotonic() + 5
         assert waiting.waits_until(queue_timeout=1.0, deadline=far) == expected + 1.0
         assert waiting.waits_until(1.0, near) == waiting.queued_at + 1.0  # not in time
         loads.set()
         await answered(struck)
         await answered(waiting)
-        ended = supervisor.admission.recovered_at
+        ended = supervisor.admission.recovery_end()  # serving: when it ended
         assert waiting.queued_at < ended < expected  # the recovery ended sooner
         later = submit(supervisor, 3)
         assert later.waits_until(1.0, far) == later.queued_at + 1.0  # none met
