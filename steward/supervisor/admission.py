@@ -1,200 +1,81 @@
-"""Admission: the HTTP side of the supervisor. Whether a request may wait for the backend,
-and the honest words when not.
+"""Admission: the HTTP side of the supervisor. Whether a request may wait for the backend
+(the words when not are answers.py's).
 
 A request is refused at once when waiting cannot help it: the server is stopping or has
 failed, its payload is quarantined, the queue is full, or it cannot fit the context. Every
 retryable refusal carries a `Retry-After` that is an estimate, not a constant: the time a
 bring-up under way has left, or the time the queue ahead takes to work off at the pace of
-recent completions (`Pace`).
+recent completions (pace.py).
 
 A request that meets a recovery (`recovering`: a fault or a suspected hang being handled)
 waits for it: its first turn's `--queue-timeout` counts from the recovery's end when that is
 within its deadline (jobs.py). The end is expected at `OVERRUN` times the model's last
 measured bring-up (one that loaded the model) after the recovery began (a busy machine runs
-slower than it measured),
-and is known once it happened. A first start is no recovery: nothing measured says when it
-ends, and a request then waits its `--queue-timeout` as it always did.
+slower than it measured), and is known once it happened. A first start is no recovery:
+nothing measured says when it ends, and a request then waits its `--queue-timeout` as it
+always did.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from steward.config import ServeConfig
 from steward.errors import ApiError
-from steward.supervisor.events import Observers
-from steward.supervisor.faults import Fault, FaultLog
+from steward.supervisor import answers
+from steward.supervisor.context import Context
 from steward.supervisor.jobs import Job
-from steward.supervisor.quarantine import Quarantine
-from steward.supervisor.scheduler import Scheduler
 from steward.supervisor.state import State
-from steward.wire.protocol import Cancel, Generate
-
-if TYPE_CHECKING:
-    from steward.supervisor.bringup import BringUp
-
+from steward.wire.protocol import Generate
 
 OVERRUN = 2.0  # a recovery is expected within this many times the last measured bring-up
 
 
-class Pace:
-    """Seconds between completions, batch-wide, smoothed: what one queued job costs."""
-
-    def __init__(self) -> None:
-        self.job_seconds = 1.0
-        self._last = time.monotonic()
-
-    def finished(self) -> None:
-        now = time.monotonic()
-        self.job_seconds = 0.8 * self.job_seconds + 0.2 * min(now - self._last, 60.0)
-        self._last = now
-
-    def retry_after(self, state: State, bring_up_s: float, since: float, queued: int) -> int:
-        if state in (State.STARTING, State.RECOVERING):
-            return max(1, round(bring_up_s - (time.monotonic() - since)))
-        return max(1, round(queued * self.job_seconds))
-
-
 class Admission:
-    def __init__(
-        self,
-        config: ServeConfig,
-        scheduler: Scheduler,
-        quarantine: Quarantine,
-        faults: FaultLog,
-        events: Observers,
-        bringup: BringUp,
-        state: Callable[[], State],
-    ) -> None:
-        self.config = config
-        self.scheduler = scheduler
-        self.quarantine = quarantine
-        self.faults = faults
-        self.events = events
-        self.bringup = bringup
-        self.pace = Pace()
-        self.state = state
-        self.wake = asyncio.Event()  # set when the supervision loop has something to do
-        self.recovered_at = 0.0  # the last recovery ended (monotonic)
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self._recovered_at = 0.0  # the last recovery ended (monotonic)
         self._seq = itertools.count(1)
 
     def submit(
         self, request: Generate, prompt_chars: int, request_id: str, digest: str, stream: bool
     ) -> Job:
         """Queue a request, or refuse it now with the error that says why."""
-        if error := refused(self.state(), self.faults.last, self.retry_after()):
+        ctx = self.context
+        if error := answers.refused(ctx.state(), ctx.fault_log.last, self.retry_after()):
             raise error
-        if self.quarantine.blocked(digest):
-            self.events.request_quarantined()
-            raise quarantined(self.config.restart_window)
-        if self.scheduler.queue.full():
-            raise full(self.scheduler.queue.maxsize, self.retry_after())
+        if ctx.quarantine.blocked(digest):
+            ctx.events.request_quarantined()
+            raise answers.quarantined(ctx.config.restart_window)
+        if ctx.scheduler.queue.full():
+            raise answers.full(ctx.scheduler.queue.maxsize, self.retry_after())
         job = Job(request, next(self._seq), request_id, digest, prompt_chars, stream)
         job.recovery = self.recovery_end
-        if error := self.too_long(job):
+        if error := job.too_long(ctx.facts().model.prompt_bound):
             raise error
-        self.scheduler.enqueue(job)
-        self.wake.set()
+        ctx.scheduler.enqueue(job)
+        ctx.wake.set()
         return job
-
-    def too_long(self, job: Job) -> ApiError | None:
-        """Known once a worker has loaded the model: see `Job.too_long`."""
-        model = self.bringup.model
-        if model.context_length is None or model.max_token_chars is None:
-            return None
-        return job.too_long(model.context_length, model.max_token_chars)
-
-    def cancel(self, job: Job) -> None:
-        """The client is gone or out of time: drop the job wherever it is (a running one
-        leaves the batch when the worker says it has)."""
-        link = self.bringup.link
-        if self.scheduler.cancel(job) and link is not None:
-            link.send(Cancel(job.id))
 
     def waited(self) -> ApiError:
         """Why a job is still waiting after --queue-timeout."""
-        timeout = self.config.queue_timeout
-        return waited(self.state(), timeout, self.faults.last, self.retry_after())
+        ctx = self.context
+        timeout, last = ctx.config.queue_timeout, ctx.fault_log.last
+        return answers.waited(ctx.state(), timeout, last, self.retry_after())
+
+    def recovered(self) -> None:
+        """A recovery ended now."""
+        self._recovered_at = time.monotonic()
 
     def recovery_end(self) -> float:
         """When the recovery under way should end, or the last one ended (monotonic; 0.0:
         none yet)."""
-        bringup = self.bringup
-        if self.state() is State.RECOVERING and bringup.known:
-            return bringup.since + OVERRUN * bringup.loading_s
-        return self.recovered_at
+        facts = self.context.facts()
+        if self.context.state() is State.RECOVERING and facts.known:
+            return facts.since + OVERRUN * facts.loading_s
+        return self._recovered_at
 
     def retry_after(self) -> int:
-        bringup, queued = self.bringup, len(self.scheduler.queue)
-        return self.pace.retry_after(self.state(), bringup.seconds, bringup.since, queued)
-
-
-def refused(state: State, last: Fault | None, retry_after: int) -> ApiError | None:
-    """The error for a new request in this state, if it may not wait."""
-    if state is State.STOPPING:
-        return ApiError("server_shutdown", "The server is shutting down.", retry_after)
-    if state is State.FAILED:
-        return exiting(last, retry_after)
-    return None
-
-
-def quarantined(window: float, fault: Fault | None = None) -> ApiError:
-    return ApiError(
-        "request_quarantined",
-        "This request's payload was named by two backend faults; it and identical requests "
-        f"are refused for {window:.0f} s.",
-        fault=fault.ref() if fault else None,
-    )
-
-
-def full(size: int, retry_after: int) -> ApiError:
-    return ApiError("overloaded", f"The request queue is full ({size} waiting).", retry_after)
-
-
-def waited(state: State, queue_timeout: float, last: Fault | None, retry_after: int) -> ApiError:
-    """Why a job is still waiting after --queue-timeout."""
-    if state.serving:
-        return ApiError(
-            "overloaded", f"No capacity within {queue_timeout:.0f} s (queue-timeout).", retry_after
-        )
-    return ApiError(
-        "backend_unavailable",
-        f"The backend is {state}; not ready within {queue_timeout:.0f} s.",
-        retry_after,
-        fault=last.ref() if last else None,
-    )
-
-
-def exiting(fault: Fault | None, retry_after: int) -> ApiError:
-    return ApiError(
-        "backend_unavailable",
-        "The backend cannot recover in this process; it is exiting to be restarted.",
-        retry_after,
-        fault=fault.ref() if fault else None,
-    )
-
-
-def too_big(fault: Fault) -> ApiError:
-    return ApiError(
-        "insufficient_memory",
-        "The backend ran out of memory on this request and is healthy otherwise; a smaller "
-        "request (shorter prompt, fewer max_tokens) may succeed.",
-        fault=fault.ref(),
-    )
-
-
-def unusable(reason: str) -> ApiError:
-    """The model cannot be loaded at all (exit 78): no retry will help."""
-    return ApiError("backend_unavailable", f"The model cannot be served: {reason}.")
-
-
-def shutdown() -> ApiError:
-    return ApiError("server_shutdown", "The server shut down before answering.", 1)
-
-
-def bug(what: str) -> ApiError:
-    return ApiError("internal_error", f"A bug in steward failed this request ({what}).")
+        ctx = self.context
+        facts, queued = ctx.facts(), len(ctx.scheduler.queue)
+        return ctx.pace.retry_after(ctx.state(), facts.seconds, facts.since, queued)

@@ -12,6 +12,10 @@ holds a copy of the model meanwhile, which `room` counts.
 Every later worker of the model (a replacement, a spare) is given what the first one
 measured on the device (`Calibration`: the batch width, the prefill speed and chunk) and
 warms only the shapes. Each bring-up's phases are logged and kept for `/health`.
+
+What it learns (the model's bounds, when a bring-up began and how long the last took) it
+publishes whole as `Facts` (facts.py), which it alone writes; a recovery that may need a
+bring-up says so (`began`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from steward.config import ServeConfig
 from steward.model.resolve import ModelSource
@@ -29,9 +33,10 @@ from steward.supervisor import canary
 from steward.supervisor.bounds import StepBounds
 from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_TEMPFAIL, Exit
+from steward.supervisor.facts import Facts, Model
 from steward.supervisor.faults import DEVICE_FAULTS, Fault, FaultClass, Outcome, classify
 from steward.supervisor.intensity import RestartIntensity
-from steward.supervisor.link import FaultError, WorkerLink
+from steward.supervisor.line import FaultError, Link
 from steward.supervisor.phases import Phases
 from steward.supervisor.speeds import Speeds
 from steward.supervisor.standby import Standby
@@ -41,30 +46,16 @@ from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.supervisor")
 
-Spawn = Callable[[WorkerSettings], Awaitable[WorkerLink]]
+Spawn = Callable[[WorkerSettings], Awaitable[Link]]
 POLITE = 2.0  # seconds a worker being replaced has to exit on its own
 HUNG = frozenset({FaultClass.WORKER_CRASH, FaultClass.STALL})  # nothing to ask politely
-
-
-@dataclass
-class Model:
-    """What the serving worker said of its model."""
-
-    context_length: int | None = None
-    max_token_chars: int | None = None  # the longest token's text: bounds a prompt
-    max_batch: int | None = None
-    thinking: bool = False
-    dimensions: int = 0  # an embedding model's vectors (0: a generating model)
-    model_bytes: int = 0  # the device memory the loaded model takes
-    device_bytes: int = 0  # the device's, or its recommended working set where it has one
-    gpu: bool = False  # where it runs
 
 
 @dataclass
 class Aside:
     """A worker suspected of a hang, kept (not killed) until its verdict (failover.py)."""
 
-    link: WorkerLink
+    link: Link
     fault: Fault  # named; recorded only if the verdict is a fault
     charge: float  # the restart its failover cost (withdrawn if it was slow)
     strike: int  # the quarantine's strike of its suspects (likewise)
@@ -76,12 +67,14 @@ class BringUp:
         self,
         config: ServeConfig,
         source: ModelSource,
-        specs: list[FaultSpec],
         spawn: Spawn,
-        bounds: StepBounds,
-        speeds: Speeds,
+        *,
+        specs: list[FaultSpec],  # what --inject-fault asks of its workers
+        bounds: StepBounds,  # each worker's step clock feeds them; the canary's ceiling
+        speeds: Speeds,  # the canary's decode speed
         events: Observers,
-        record: Callable[[Fault], None],  # a bring-up fault, settled: log and count it
+        report: Callable[[Fault], None],  # a bring-up fault, decided: log and count it
+        calibration: Calibration | None = None,  # what an earlier load of the model measured
         unbudgeted: bool = True,  # no pool budget counts this model's copies of the model
     ) -> None:
         self.config = config
@@ -91,30 +84,28 @@ class BringUp:
         self.bounds = bounds
         self.speeds = speeds
         self.events = events
-        self.record = record
+        self.report = report
         self.intensity = RestartIntensity(config.max_restarts, config.restart_window)
         self.standby = Standby(
             config.standby, self._spawn, self.check, config.load_timeout, unbudgeted
         )
-        self.model = Model()
-        self.link: WorkerLink | None = None  # the serving worker's line
+        self.facts = Facts(since=time.monotonic())  # what it knows: its own to write
+        self.link: Link | None = None  # the serving worker's line
         self.asides: list[Aside] = []  # suspects awaiting their verdict
         self.golden: tuple[float, ...] | None = None  # the canary's tokens, or its vector
-        self.calibration: Calibration | None = None  # what the model's first worker measured
+        self.calibration = calibration  # what the model's first worker measured
         self.generation = 0  # workers started so far, spares included
-        self.seconds = 10.0  # the last bring-up, until measured: a guess for Retry-After
-        # the last bring-up that loaded the model (not a hot spare's swap): what a
-        # replacement costs; `known` once measured here or by an earlier load of the model
-        self.loading_s, self.known = 10.0, False
-        self.since = time.monotonic()  # the bring-up under way began
-        self.phases: dict[str, float] = {}  # the serving worker's bring-up
         self._retiring: set[asyncio.Task[None]] = set()
 
     def measured(self, seconds: float, loaded: bool = True) -> None:
         """A bring-up took `seconds` (`loaded`: the model's load included, not a swap)."""
-        self.seconds = seconds
-        if loaded:
-            self.loading_s, self.known = seconds, True
+        facts = replace(self.facts, seconds=seconds)
+        self.facts = replace(facts, loading_s=seconds, known=True) if loaded else facts
+
+    def began(self) -> None:
+        """A bring-up, or a recovery that may need one, begins now: Retry-After and the
+        recovery's expected end count from here."""
+        self.facts = replace(self.facts, since=time.monotonic())
 
     async def first(self) -> None:
         """The first worker, or its replacement if it cannot come up."""
@@ -125,7 +116,7 @@ class BringUp:
         """Put another worker in place of this one, the spare if there is one, within the
         restart intensity (a promotion counts as a restart)."""
         old, self.link = self.link, None
-        self.since = time.monotonic()
+        self.began()
         if old is not None and self.standby.holding:  # the spare holds its own copy
             self.retire_later(old, fault)
         elif old is not None:
@@ -146,7 +137,7 @@ class BringUp:
         if charge is None:
             raise self._spent()
         self.link = None
-        self.since = time.monotonic()
+        self.began()
         promoted = await self._promote(fault)
         assert promoted, "a ready hot spare's promotion is a swap"
         return charge
@@ -165,13 +156,13 @@ class BringUp:
     def refill(self) -> None:
         self.standby.refill(self.room())
 
-    def retire_later(self, link: WorkerLink, fault: Fault | None) -> None:
+    def retire_later(self, link: Link, fault: Fault | None) -> None:
         """Retire a worker while the loop goes on (its memory is not wanted now)."""
         task = asyncio.ensure_future(self.retire(link, fault))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def retire(self, link: WorkerLink, fault: Fault | None) -> None:
+    async def retire(self, link: Link, fault: Fault | None) -> None:
         """Stop a worker that is being replaced (`fault`: why, None for a worker that
         did nothing wrong): politely if it still answers."""
         if (fault is not None and fault.cls in HUNG) or not link.alive:
@@ -190,12 +181,12 @@ class BringUp:
         if self.link is not None:
             await self.link.kill()
 
-    async def check(self, link: WorkerLink | None = None) -> Fault | None:
+    async def check(self, link: Link | None = None) -> Fault | None:
         """Run the canary on a worker (the serving one by default): None if it passed."""
         link = link or self.link
         assert link is not None
         started = time.monotonic()
-        dimensions, ceiling = self.model.dimensions, self.bounds.ceiling
+        dimensions, ceiling = self.facts.model.dimensions, self.bounds.ceiling
         try:
             if dimensions:
                 answer, done = await canary.embed(link, ceiling, dimensions)
@@ -216,7 +207,7 @@ class BringUp:
             return canary.mismatch(link, f"canary {shown} differs from {golden}")
         return None
 
-    async def _spawn(self, warm: bool) -> WorkerLink:
+    async def _spawn(self, warm: bool) -> Link:
         link = await self.spawn(self._settings(warm))
         link.clocks = self.bounds.measured
         return link
@@ -224,16 +215,16 @@ class BringUp:
     def _settings(self, warm: bool) -> WorkerSettings:
         self.generation += 1
         return WorkerSettings(
-            self.source,
-            self.generation,
-            self.specs,
-            os.getpid(),
-            self.config.worker_memory_limit,
-            self.config.max_batch,
-            self.config.prompt_cache_bytes,
-            warm,
-            self.config.model_kind,
-            self.config.max_embedding_tokens,
+            source=self.source,
+            generation=self.generation,
+            specs=self.specs,
+            parent_pid=os.getpid(),
+            memory_limit=self.config.worker_memory_limit,
+            max_batch=self.config.max_batch,
+            prompt_cache_bytes=self.config.prompt_cache_bytes,
+            warm=warm,
+            kind=self.config.model_kind,
+            max_embedding_tokens=self.config.max_embedding_tokens,
             prompt_cache_dir=self.config.prompt_cache_dir,
             prompt_cache_disk_bytes=self.config.prompt_cache_disk_bytes,
             calibration=self.calibration,
@@ -241,7 +232,7 @@ class BringUp:
 
     async def _start_worker(self) -> bool:
         """Spawn, load, canary. False (fault recorded) when this worker cannot serve."""
-        self.since = time.monotonic()
+        self.began()
         phases = Phases()
         self.link = link = await self._spawn(warm=False)
         phases.lap("spawn")
@@ -265,7 +256,7 @@ class BringUp:
         device = fault is not None and fault.cls in DEVICE_FAULTS
         return await self._bring_up(link, phases, load=warm, check=warm or device)
 
-    async def _bring_up(self, link: WorkerLink, phases: Phases, load: bool, check: bool) -> bool:
+    async def _bring_up(self, link: Link, phases: Phases, load: bool, check: bool) -> bool:
         """Its model loaded, its canary passed: False (fault recorded) if it cannot serve."""
         try:
             if load:
@@ -283,30 +274,32 @@ class BringUp:
                     raise FaultError(failure)
                 phases.lap("canary")
         except FaultError as err:
-            err.fault.settle(Outcome.DISCARDED, "worker discarded (failed to come up)")
-            self.record(err.fault)
+            err.fault.decide(Outcome.DISCARDED, "worker discarded (failed to come up)")
+            self.report(err.fault)
             await link.kill()
             self.link = None
             return False
-        self.measured(time.monotonic() - self.since, loaded=load)
-        self.phases = phases.seconds
-        log.info("worker %d ready in %.2f s (%s)", link.generation, self.seconds, phases.text())
+        seconds = time.monotonic() - self.facts.since
+        self.measured(seconds, loaded=load)
+        self.facts = replace(self.facts, phases=phases.seconds)
+        log.info("worker %d ready in %.2f s (%s)", link.generation, seconds, phases.text())
         return True
 
     def _adopt(self, msg: Ready) -> None:
         """What the worker said of the model: its bounds, and whether two copies fit."""
         device = msg.working_set_bytes or msg.memory_bytes
-        self.model = Model(
-            msg.context_length,
-            msg.max_token_chars,
-            msg.max_batch,
-            msg.thinking,
-            msg.dimensions,
+        model = Model(
+            context_length=msg.context_length,
+            max_token_chars=msg.max_token_chars,
+            max_batch=msg.max_batch,
+            thinking=msg.thinking,
+            dimensions=msg.dimensions,
             model_bytes=msg.model_bytes,
             device_bytes=device,
             gpu=msg.device == "gpu",
         )
-        self.bounds.device(self.model.gpu)
+        self.facts = replace(self.facts, model=model)
+        self.bounds.device(model.gpu)
         if self.golden is None:  # the first worker: the standby is chosen once, and what
             self.standby.choose(msg.model_bytes, device)  # it measured serves every later one
             self.calibration = msg.calibration

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from steward.supervisor.faults import Fault, FaultClass
-from steward.supervisor.link import FaultError, Sink, WorkerLink
+from steward.supervisor.line import FaultError, Link, Sink
 from steward.wire.protocol import Done, Embed, Generate, Rejected, Token
 
 PROMPT = "The capital of France is"
@@ -34,7 +34,7 @@ TOLERANCE = 1e-3
 _ids = itertools.count(-1, -1)  # negative: never a client request's id
 
 
-async def run(link: WorkerLink, allowed: float) -> tuple[tuple[int, ...], Done]:
+async def run(link: Link, allowed: float) -> tuple[tuple[int, ...], Done]:
     """The canary's token ids and its answer; FaultError if it raised, crashed, or was
     silent for longer than `allowed` seconds."""
     req = Generate(
@@ -47,9 +47,7 @@ async def run(link: WorkerLink, allowed: float) -> tuple[tuple[int, ...], Done]:
     return tuple(tokens), done
 
 
-async def embed(
-    link: WorkerLink, allowed: float, dimensions: int
-) -> tuple[tuple[float, ...], Done]:
+async def embed(link: Link, allowed: float, dimensions: int) -> tuple[tuple[float, ...], Done]:
     """The canary of an embedding model: PROMPT's vector, checked finite and whole."""
     req = Embed(id=next(_ids), seq=0, attempt=1, inputs=[PROMPT])
     done = await _answer(link, req, allowed, lambda token: None)
@@ -75,7 +73,7 @@ def same(answer: Sequence[float], golden: Sequence[float]) -> bool:
 
 
 async def _answer(
-    link: WorkerLink, req: Generate | Embed, allowed: float, on_token: Callable[[int], None]
+    link: Link, req: Generate | Embed, allowed: float, on_token: Callable[[int], None]
 ) -> Done:
     """The worker's answer to a canary request, its tokens to `on_token`."""
     finished: asyncio.Future[Done | Rejected] = asyncio.get_running_loop().create_future()
@@ -90,14 +88,14 @@ async def _answer(
         since = max(started, link.progress)
         left = since + allowed - time.monotonic()
         if left <= 0:
-            link.sinks.pop(req.id, None)
+            link.forget(req.id)
             silent = time.monotonic() - since
             raise FaultError(
                 link.fault(FaultClass.STALL, f"no answer to the canary for {silent:.1f} s")
             )
         await asyncio.wait({finished, link.failure}, timeout=left, return_when="FIRST_COMPLETED")
     if not finished.done():
-        link.sinks.pop(req.id, None)
+        link.forget(req.id)
         raise FaultError(link.failure.result())
     done = finished.result()
     if not isinstance(done, Done):
@@ -105,5 +103,5 @@ async def _answer(
     return done
 
 
-def mismatch(link: WorkerLink, message: str) -> Fault:
+def mismatch(link: Link, message: str) -> Fault:
     return link.fault(FaultClass.CANARY_MISMATCH, message)

@@ -12,18 +12,15 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 
-from steward.config import ServeConfig
-from steward.errors import ApiError, Overflow
-from steward.supervisor import admission
-from steward.supervisor.admission import Admission
-from steward.supervisor.events import Observers
-from steward.supervisor.faults import Fault, FaultLog
+from steward.errors import ApiError
+from steward.supervisor import answers
+from steward.supervisor.context import Context
+from steward.supervisor.faults import Fault
 from steward.supervisor.jobs import Event, Job, JobStatus
-from steward.supervisor.link import Sink, WorkerLink
-from steward.supervisor.quarantine import Quarantine
+from steward.supervisor.line import Link, Sink
 from steward.supervisor.recovery import Plan
-from steward.supervisor.scheduler import Scheduler
 from steward.supervisor.speeds import Speeds
 from steward.wire.faultspec import FaultSpec, Periods
 from steward.wire.protocol import Cancel, Done, Rejected, Token, prompt_text
@@ -36,37 +33,33 @@ class InjectedBug(RuntimeError):
 
 
 class Dispatcher:
-    def __init__(
-        self,
-        config: ServeConfig,
-        specs: list[FaultSpec],
-        scheduler: Scheduler,
-        quarantine: Quarantine,
-        speeds: Speeds,
-        faults: FaultLog,
-        events: Observers,
-        admission: Admission,
-    ) -> None:
-        self.config = config
+    def __init__(self, context: Context, specs: list[FaultSpec], speeds: Speeds) -> None:
+        self.context = context
+        self.scheduler = context.scheduler  # the one it sends from and ends jobs through
         self.specs = specs
         self.periods = Periods(specs)
-        self.scheduler = scheduler
-        self.quarantine = quarantine
         self.speeds = speeds
-        self.faults = faults
-        self.events = events
-        self.admission = admission
         self.busy_since = time.monotonic()  # the batch last went from empty to busy
         self.current: Job | None = None  # being started: a loop-ending bug fails it
 
-    def start_next(self, link: WorkerLink) -> None:
+    def start_next(self, link: Link) -> None:
         """Start queued jobs (or the next probation group) while the batch has room."""
         while (job := self.scheduler.next()) is not None:
             self._start(job, link)
 
-    def end(self, job: Job, event: Event, status: JobStatus = JobStatus.FINISHED) -> None:
-        self.scheduler.ended(job, status)
+    def end(self, job: Job, event: Event, status: JobStatus | None = None) -> None:
+        """The one place a job ends: its status set (an answer's `finished`, an error's
+        `failed`, unless told), then its last event pushed to its client. The first end
+        decides: a job that ended already keeps its status."""
+        if not job.status.ended:
+            answered = JobStatus.FAILED if isinstance(event, ApiError) else JobStatus.FINISHED
+            self.scheduler.ended(job, status or answered)
         job.push(event)
+
+    def end_all(self, error: Callable[[], ApiError]) -> None:
+        """Every unfinished job ends with `error` (the process is stopping or exiting)."""
+        for job in self.scheduler.drain():
+            self.end(job, error())
 
     def quarantine_waiting(self, digests: list[str]) -> None:
         """Payloads just quarantined: their copies still waiting are refused now."""
@@ -81,27 +74,29 @@ class Dispatcher:
         the bound on the worker's silence narrows, so the loop looks again."""
         job.add(token)
         if job.fresh == 1:
-            self.admission.wake.set()
+            self.context.wake.set()
 
     def admitted(self, job: Job, prefill: int) -> None:
         """The worker took the job in: its prefill is known, and with it the bound."""
         job.admitted(prefill)
-        self.admission.wake.set()
+        self.context.wake.set()
 
     def finished(self, job: Job, result: Done | Rejected) -> None:
         """The worker's last word on a job (on the token path: quick, never raises out)."""
-        self.admission.wake.set()  # the loop has something to decide
+        self.context.wake.set()  # the loop has something to decide
         log.debug("request %s %s", job.request_id, result)
         if isinstance(result, Rejected):
-            self.end(job, rejection(result))
+            self.end(job, answers.rejection(result))
             return
         if result.finish_reason == "cancelled":
             self.end(job, result, JobStatus.CANCELLED)
             return
         self.end(job, result)
-        self.quarantine_waiting(self.quarantine.acquit(job.digest))  # every copy is innocent
-        self.events.request_done(result)
-        self.admission.pace.finished()
+        self.quarantine_waiting(
+            self.context.quarantine.acquit(job.digest)
+        )  # every copy is innocent
+        self.context.events.request_done(result)
+        self.context.pace.finished()
         self.speeds.finished(job.request, result, whole=job.attempts == 1)
 
     def carry_out(self, plan: Plan, fault: Fault) -> None:
@@ -109,7 +104,7 @@ class Dispatcher:
         for job in plan.quarantined:
             self._refuse(job, fault)
         for job in plan.too_big:
-            self.end(job, admission.too_big(fault))
+            self.end(job, answers.too_big(fault))
         if plan.shrink:
             self.scheduler.shrink()
             fault.action += f"; batch limit {self.scheduler.limit}"
@@ -121,20 +116,22 @@ class Dispatcher:
 
     def _refuse(self, job: Job, fault: Fault | None = None) -> None:
         """Quarantined: 422 (or its stream's error event), naming `fault` (else the last)."""
-        self.events.request_quarantined()
-        error = admission.quarantined(self.config.restart_window, fault or self.faults.last)
+        ctx = self.context
+        ctx.events.request_quarantined()
+        error = answers.quarantined(ctx.config.restart_window, fault or ctx.fault_log.last)
         self.end(job, error, JobStatus.QUARANTINED)
 
-    def _start(self, job: Job, link: WorkerLink) -> None:
+    def _start(self, job: Job, link: Link) -> None:
         """Send one job to the worker. Anything raised here is a bug in steward that fails
         this job alone, and the loop goes on."""
-        if self.quarantine.blocked(job.digest):  # a copy convicted while this one waited
+        if self.context.quarantine.blocked(job.digest):  # a copy convicted while this one waited
             self._refuse(job)
             return
         self.current = job
         self._inject(job, "crash")  # outside the guard below: a bug that ends the loop
         try:
-            if error := self.admission.too_long(job):  # queued before the model's bounds were known
+            # queued before the model's bounds were known
+            if error := job.too_long(self.context.facts().model.prompt_bound):
                 self.end(job, error)
                 return
             self._inject(job, "raise")
@@ -157,9 +154,9 @@ class Dispatcher:
                 exc_info=True,
                 extra={"request_id": job.request_id},
             )
-            if link.sinks.pop(job.id, None) is not None:
+            if link.forget(job.id):
                 link.send(Cancel(job.id))
-            self.end(job, admission.bug(f"{type(exc).__name__}: {exc}"))
+            self.end(job, answers.bug(f"{type(exc).__name__}: {exc}"))
         finally:
             self.current = None
 
@@ -169,12 +166,3 @@ class Dispatcher:
                 job.seq, job.attempts + 1, prompt_text(job.request), 0
             ):
                 raise InjectedBug(f"injected supervisor:{action} on request {job.seq}")
-
-
-def rejection(rejected: Rejected) -> ApiError:
-    """The worker's refusal of a request as its error; a prompt over the context keeps its
-    counts, for each dialect's words."""
-    if not rejected.context_length:
-        return ApiError(rejected.type, rejected.message)
-    counts = (rejected.prompt_tokens, rejected.context_length, rejected.completion_tokens)
-    return ApiError.too_long(Overflow(*counts))

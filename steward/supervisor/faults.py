@@ -7,18 +7,11 @@ A class decides the first response (SPEC §3): `oom` and the backend errors get 
 
 from __future__ import annotations
 
-import itertools
-import logging
 import re
 import signal
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from steward.supervisor.events import Observer
 
 
 class FaultClass(StrEnum):
@@ -82,8 +75,6 @@ _PATTERNS: list[tuple[FaultClass, re.Pattern[str]]] = [
     ),
 ]
 
-log = logging.getLogger("steward.faults")
-
 
 def classify(message: str) -> FaultClass:
     """The class of an exception message raised by the backend."""
@@ -121,7 +112,9 @@ class Fault:
     detected: float = field(default_factory=time.monotonic)
     recovery_s: float | None = None  # detection to serving again
 
-    def settle(self, outcome: Outcome, action: str) -> None:
+    def decide(self, outcome: Outcome, action: str) -> None:
+        """What became of the worker, and the words for people (`FaultLog.report` tells
+        the world once the recovery is done)."""
         self.outcome, self.action = outcome, action
 
     def ref(self) -> dict[str, str]:
@@ -139,54 +132,3 @@ class Fault:
             "generation": self.generation,
             "request_id": self.request_id,
         }
-
-
-def log_fault(fault: Fault) -> None:
-    """Once per fault, when its action is known: text for people, fields for machines."""
-    log.error(
-        "fault %s class=%s request=%s generation=%d action=%s: %s",
-        fault.id,
-        fault.cls,
-        fault.request_id,
-        fault.generation,
-        fault.action,
-        fault.message,
-        extra={
-            "fault": fault.summary(),
-            "request_id": fault.request_id,
-            "traceback": fault.traceback,
-        },
-    )
-
-
-class FaultLog:
-    """Every fault, numbered (`f-N`, one by one) as it is first named, counted once it is
-    recorded; the recent ones kept. A suspected hang is named when a spare takes over (its
-    clients' errors may name it) and recorded only if its verdict is a fault: a worker that
-    was slow, not hung, leaves its number unused and nothing counted."""
-
-    def __init__(self, events: Observer) -> None:
-        self.events = events
-        self.recent: deque[Fault] = deque(maxlen=64)
-        self.total = 0
-        self._ids = itertools.count(1)
-
-    @property
-    def last(self) -> Fault | None:
-        return self.recent[-1] if self.recent else None
-
-    def name(self, fault: Fault) -> None:
-        if not fault.id:
-            fault.id = f"f-{next(self._ids)}"
-
-    def record(self, fault: Fault) -> None:
-        self.name(fault)
-        if fault not in self.recent:
-            self.total += 1
-            self.recent.append(fault)
-
-    def settle(self, fault: Fault) -> None:
-        """Its action is decided: log it once, tell the observers."""
-        self.record(fault)
-        log_fault(fault)
-        self.events.fault_settled(fault)

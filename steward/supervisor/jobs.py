@@ -1,7 +1,8 @@
 """A request as the supervisor sees it (`Job`), and the bounded FIFO it waits in.
 
 The HTTP handler owns the client side of a job (it reads `events`); the scheduler owns its
-lifecycle, one `JobStatus` it alone sets (scheduler.py); everything else asks. Everything
+lifecycle, one `JobStatus` it alone sets (scheduler.py), and a job ends in one place that
+sets its status and pushes its last event (`Dispatcher.end`); everything else asks. Everything
 happens on one event loop, so no locks.
 """
 
@@ -18,6 +19,7 @@ from enum import StrEnum
 import msgspec
 
 from steward.errors import ApiError, Overflow
+from steward.supervisor.facts import PromptBound
 from steward.wire.protocol import CallDelta, Done, Embed, Generate, Logprob, Token
 
 Event = Token | Done | ApiError
@@ -29,13 +31,17 @@ class JobStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     SUSPECT = "suspect"  # in flight at a fault: waits for its probation group
-    FINISHED = "finished"  # answered, or failed with an error
+    FINISHED = "finished"  # answered
+    FAILED = "failed"  # ended with an error (its last event)
     CANCELLED = "cancelled"
     QUARANTINED = "quarantined"
 
     @property
     def ended(self) -> bool:
-        return self in (JobStatus.FINISHED, JobStatus.CANCELLED, JobStatus.QUARANTINED)
+        return self in (S.FINISHED, S.FAILED, S.CANCELLED, S.QUARANTINED)
+
+
+S = JobStatus
 
 
 @dataclass(eq=False)
@@ -50,7 +56,7 @@ class Job:
     status: JobStatus = JobStatus.QUEUED  # set by the scheduler alone
     attempts: int = 0
     sent: bool = False  # something of the answer reached the client: no replay
-    answered: bool = False  # its last event (an answer or an error) is in `events`
+    answered: bool = False  # its last event is in `events`: any later one is dropped
     queued_at: float = field(default_factory=time.monotonic)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     prefill: int = 0  # prompt tokens this attempt computes (the worker's `Admitted`)
@@ -78,12 +84,14 @@ class Job:
             **resumed,
         )
 
-    def too_long(self, context_length: int, max_token_chars: int) -> ApiError | None:
-        """A prompt that cannot fit the context, decided without tokenising it: every token
-        stands for at most `max_token_chars` characters (whitespace included: the longest
-        tokens are runs of it), so a prompt of more characters than `context_length *
-        max_token_chars` cannot fit. An embedding's every input must fit the context, and
-        it wants no completion."""
+    def too_long(self, bound: PromptBound | None) -> ApiError | None:
+        """A prompt that cannot fit the context, decided without tokenising it (None: it
+        may fit, or no worker has said the bound yet): a prompt has at least
+        `bound.least_tokens` of its characters. An embedding's every input must fit the
+        context, and it wants no completion."""
+        if bound is None:
+            return None
+        context_length = bound.context_length
         wanted = (self.request.max_tokens or 1) if isinstance(self.request, Generate) else 0
         if wanted >= context_length:
             return ApiError(
@@ -91,9 +99,9 @@ class Job:
                 f"This model's maximum context length is {context_length} tokens; "
                 f"{wanted} were requested for the completion alone.",
             )
-        if self.prompt_chars <= (context_length - wanted) * max_token_chars:
+        least = bound.least_tokens(self.prompt_chars)
+        if least <= context_length - wanted:
             return None
-        least = -(-self.prompt_chars // max_token_chars)  # tokens it has at the least
         return ApiError.too_long(Overflow(least, context_length, wanted, at_least=True))
 
     def waits_until(self, queue_timeout: float, deadline: float) -> float:
@@ -117,8 +125,8 @@ class Job:
 
     @property
     def finished(self) -> bool:
-        """Nothing more will happen to it (the handler stops waiting)."""
-        return self.answered or self.status.ended
+        """Nothing more will happen to it (the handler stops waiting): its status says so."""
+        return self.status.ended
 
     @property
     def started(self) -> bool:

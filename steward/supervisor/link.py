@@ -18,9 +18,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from steward.supervisor.faults import Fault, FaultClass, classify, describe_exit
+from steward.supervisor.line import FaultError, Sink
 from steward.wire.process import WorkerProcess
 from steward.wire.protocol import (
     Done,
@@ -32,7 +32,6 @@ from steward.wire.protocol import (
     Rejected,
     Step,
     StepClock,
-    Token,
     ToWorker,
     Warm,
 )
@@ -41,30 +40,16 @@ from steward.wire.settings import WorkerSettings
 log = logging.getLogger("steward.link")
 
 
-@dataclass(frozen=True)
-class Sink:
-    """Where one request's news goes: each token, its admission (how many prompt tokens
-    it prefills), its end."""
-
-    token: Callable[[Token], None]
-    finished: Callable[[Done | Rejected], None]
-    admitted: Callable[[int], None] = lambda prefill: None
-
-
-class FaultError(Exception):
-    def __init__(self, fault: Fault) -> None:
-        super().__init__(fault.message)
-        self.fault = fault
-
-
 class WorkerLink:
+    """The real line (a `Link`): a worker process's socket, read by one task."""
+
     def __init__(self, worker: WorkerProcess, generation: int) -> None:
         self.worker = worker
         self.generation = generation
         self.heartbeat = self.progress = time.monotonic()
         self.last_step = 0.0  # when its last Step came (monotonic; 0: none yet)
         self.clocks: Callable[[StepClock], None] = lambda clock: None
-        self.sinks: dict[int, Sink] = {}
+        self._sinks: dict[int, Sink] = {}  # routing, by request id: the line's alone
         self._stepped: list[asyncio.Future[None]] = []
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
         self._crashed: Fault | None = None
@@ -84,9 +69,17 @@ class WorkerLink:
         self.worker.send(msg)
 
     def start(self, req: Generate, sink: Sink) -> None:
-        """Send a request; what the worker says of it goes to `sink`."""
-        self.sinks[req.id] = sink
+        """Send a request; what the worker says of it goes to `sink` until it ends."""
+        self._sinks[req.id] = sink
         self.worker.send(req)
+
+    def forget(self, request_id: int) -> bool:
+        """Its news goes nowhere from now on: True if it was still routed."""
+        return self._sinks.pop(request_id, None) is not None
+
+    def forget_all(self) -> None:
+        """Every request's news goes nowhere (the batch faulted)."""
+        self._sinks.clear()
 
     @property
     def alive(self) -> bool:
@@ -174,16 +167,16 @@ class WorkerLink:
 
     def _route(self, step: Step) -> None:
         for admitted in step.admitted:
-            if sink := self.sinks.get(admitted.id):
+            if sink := self._sinks.get(admitted.id):
                 sink.admitted(admitted.prefill)
         for token in step.tokens:
-            if sink := self.sinks.get(token.id):
+            if sink := self._sinks.get(token.id):
                 sink.token(token)
         for done in step.done:
             self._finish(done)
 
     def _finish(self, msg: Done | Rejected) -> None:
-        if sink := self.sinks.pop(msg.id, None):
+        if sink := self._sinks.pop(msg.id, None):
             sink.finished(msg)
 
     def _fail(self, fault: Fault) -> None:

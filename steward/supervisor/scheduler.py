@@ -63,6 +63,10 @@ class Scheduler:
         jobs = [*self.running.values(), *self.suspects, *groups, *self.queue]
         return [j for j in dict.fromkeys(jobs) if not j.finished]
 
+    def worker_said(self, max_batch: int | None) -> None:
+        """What the serving worker can batch (None: it has not said; the last word holds)."""
+        self.worker_max = max_batch or self.worker_max
+
     def enqueue(self, job: Job) -> None:
         job.status = S.QUEUED
         self.queue.put(job)
@@ -89,7 +93,7 @@ class Scheduler:
         self.running[job.id] = job
 
     def ended(self, job: Job, status: JobStatus) -> None:
-        """Answered (or failed: FINISHED), cancelled or quarantined, wherever it was."""
+        """Answered, failed, cancelled or quarantined, wherever it was."""
         self.running.pop(job.id, None)
         self.queue.remove(job)
         job.status = status
@@ -132,7 +136,8 @@ class Scheduler:
         self._shrunk_until = time.monotonic() + self.window
 
     def drain(self) -> list[Job]:
-        """Every unfinished job, taken out (the process is stopping or exiting)."""
+        """Every unfinished job, taken out (the process is stopping or exiting), for the
+        caller to end each (`Dispatcher.end_all`)."""
         jobs = self.unfinished()
         self.running.clear()
         self.suspects = []

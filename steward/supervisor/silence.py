@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from steward.supervisor.bounds import StepBounds, Work
 from steward.supervisor.jobs import Job
-from steward.supervisor.link import WorkerLink
+from steward.supervisor.line import Link
 
 FRESH = 1.5  # seconds: a heartbeat at most this old (one is sent every second)
 RECHECK = 0.1  # seconds: past its bound, a silence is judged again this soon
@@ -79,9 +79,7 @@ def work_in_hand(running: Collection[Job]) -> Work:
     return Work(len(running), prompts, unadmitted)
 
 
-def silence(
-    link: WorkerLink, running: Collection[Job], busy_since: float, bounds: StepBounds
-) -> Silence:
+def silence(link: Link, running: Collection[Job], busy_since: float, bounds: StepBounds) -> Silence:
     """The serving worker's silence now, and its bounds."""
     if not running:
         return Silence(link.heartbeat, bounds.ceiling, bounds.ceiling, busy=False)

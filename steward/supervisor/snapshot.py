@@ -12,7 +12,7 @@ from typing import Any
 from steward.supervisor.state import State
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Snapshot:
     status: State
     model: str

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from steward.supervisor.faults import Fault
-from steward.supervisor.link import FaultError, WorkerLink
+from steward.supervisor.line import FaultError, Link
 from steward.supervisor.phases import Phases
 from steward.wire.protocol import Load, LoadFailed, Ready, Warm
 
@@ -41,8 +41,8 @@ HOT_FITS = 0.9  # `hot` asked for: two copies must fit this share at least
 GIVE_UP = 3  # failed spares in a row
 BACKOFF = 5.0  # seconds before another try, times the failures so far
 
-Spawn = Callable[[bool], Awaitable[WorkerLink]]  # warm -> a new spare's line
-Check = Callable[[WorkerLink], Awaitable[Fault | None]]  # the canary against golden tokens
+Spawn = Callable[[bool], Awaitable[Link]]  # warm -> a new spare's line
+Check = Callable[[Link], Awaitable[Fault | None]]  # the canary against golden tokens
 
 
 class Standby:
@@ -54,7 +54,7 @@ class Standby:
         self.mode = "none" if mode == "none" else "warm"  # until the model's size is known
         self.why = "not chosen yet: the model's size is known once it loads"
         self.two_fit = False  # two copies may be held (the standby's memory rule)
-        self.link: WorkerLink | None = None
+        self.link: Link | None = None
         self.warm = False  # the spare in `link` has no model yet
         self.state: str | None = None  # starting, ready, failed; None without a spare
         self.phases: dict[str, float] = {}  # the last spare's bring-up
@@ -127,7 +127,7 @@ class Standby:
         if link is not None:
             await link.stop(2.0)
 
-    def adopt(self, link: WorkerLink) -> bool:
+    def adopt(self, link: Link) -> bool:
         """Keep `link`, a worker that holds the model, as the hot spare (after a canary),
         if the mode keeps one and none is there."""
         if self.mode != "hot" or self.link is not None or self.state == "starting":
@@ -140,7 +140,7 @@ class Standby:
         """Resolved once the spare starting now is ready or has failed."""
         return asyncio.ensure_future(self._settled.wait())
 
-    async def take(self) -> tuple[WorkerLink, bool] | None:
+    async def take(self) -> tuple[Link, bool] | None:
         """The spare ready to be promoted, and whether it is warm, or None. One still
         starting is waited for: it began before the fault, so it is ready sooner than a
         worker started now would be (bounded by --load-timeout, like any load)."""
@@ -165,7 +165,7 @@ class Standby:
             self._task.cancel()
         self._task = None if work is None else asyncio.ensure_future(work)
 
-    async def _bring_up(self, link: WorkerLink | None = None) -> None:
+    async def _bring_up(self, link: Link | None = None) -> None:
         """Start a spare (or have `link` hold the model: a warm spare heated, or a worker
         kept as the spare), then watch it while it waits: a spare that dies is replaced."""
         while self._failures < GIVE_UP:
@@ -207,7 +207,7 @@ class Standby:
                 self._settled.set()
                 await asyncio.sleep(BACKOFF * self._failures)
 
-    async def _loaded(self, link: WorkerLink, phases: Phases) -> None:
+    async def _loaded(self, link: Link, phases: Phases) -> None:
         msg = await link.loaded(self._load_timeout, "spare's start")
         if isinstance(msg, LoadFailed):
             raise FaultError(link.fault("backend_error", msg.message, msg.traceback))

@@ -19,24 +19,31 @@ exits 70 (EX_SOFTWARE) so that its supervisor restarts it and someone reads the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
 from steward.config import ServeConfig
+from steward.errors import ApiError
 from steward.model.resolve import ModelSource, is_vision
-from steward.supervisor import admission, recovery
+from steward.supervisor import answers, recovery
 from steward.supervisor.admission import Admission
 from steward.supervisor.bounds import StepBounds
 from steward.supervisor.bringup import BringUp, Spawn
+from steward.supervisor.context import Context
 from steward.supervisor.dispatch import Dispatcher
 from steward.supervisor.events import Observers
 from steward.supervisor.exits import EX_CONFIG, EX_SOFTWARE, EX_TEMPFAIL, Exit
-from steward.supervisor.faults import Fault, FaultClass, FaultLog, Outcome
+from steward.supervisor.facts import PromptBound
+from steward.supervisor.faultlog import FaultLog
+from steward.supervisor.faults import Fault, FaultClass, Outcome
 from steward.supervisor.jobs import Job
+from steward.supervisor.line import Link
 from steward.supervisor.link import WorkerLink
+from steward.supervisor.pace import Pace
 from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.scheduler import Scheduler
-from steward.supervisor.silence import Judged, silence
+from steward.supervisor.silence import Judged, Silence, silence
 from steward.supervisor.snapshot import Snapshot
 from steward.supervisor.speeds import Speeds
 from steward.supervisor.state import State
@@ -54,7 +61,7 @@ class Supervisor:
         self,
         config: ServeConfig,
         source: ModelSource,
-        faults: list[FaultSpec],
+        specs: list[FaultSpec],  # what --inject-fault asks of this model's workers
         spawn: Spawn = WorkerLink.spawn,  # tests of the decisions pass a fake worker line
         bring_up_s: float | None = None,  # the model's last bring-up: Retry-After's guess
         quarantine: Quarantine | None = None,  # the model's, kept across loads (pool/slot.py)
@@ -66,7 +73,7 @@ class Supervisor:
         self.vision = source.kind == "mlx" and is_vision(source.path)  # takes images
         self.state = State.STARTING
         self.events = Observers()
-        self.faults = FaultLog(self.events)
+        self.fault_log = FaultLog(self.events)
         self.bounds = StepBounds(config.stall_timeout)
         self.speeds = Speeds()
         self.quarantine = Quarantine(config.restart_window) if quarantine is None else quarantine
@@ -74,80 +81,87 @@ class Supervisor:
         self.bringup = BringUp(
             config,
             source,
-            faults,
             spawn,
-            self.bounds,
-            self.speeds,
-            self.events,
-            self.faults.settle,
-            unbudgeted,
+            specs=specs,
+            bounds=self.bounds,
+            speeds=self.speeds,
+            events=self.events,
+            report=self.fault_log.report,
+            calibration=calibration,
+            unbudgeted=unbudgeted,
         )
-        self.bringup.calibration = calibration
         if bring_up_s is not None:
             self.bringup.measured(bring_up_s)
-        self.admission = Admission(
-            config,
-            self.scheduler,
-            self.quarantine,
-            self.faults,
-            self.events,
-            self.bringup,
-            lambda: self.state,
+        self.context = Context(
+            config=config,
+            scheduler=self.scheduler,
+            quarantine=self.quarantine,
+            fault_log=self.fault_log,
+            events=self.events,
+            pace=Pace(),
+            wake=asyncio.Event(),
+            facts=lambda: self.bringup.facts,
+            state=lambda: self.state,
         )
-        self.jobs = Dispatcher(
-            config,
-            faults,
-            self.scheduler,
-            self.quarantine,
-            self.speeds,
-            self.faults,
-            self.events,
-            self.admission,
-        )
+        self.admission = Admission(self.context)
+        self.dispatch = Dispatcher(self.context, specs, self.speeds)
         self.suspicions = Suspicions(self)
         # the HTTP side: handlers only submit and cancel jobs
-        self.submit, self.cancel = self.admission.submit, self.admission.cancel
+        self.submit = self.admission.submit
         self.queue_error, self.retry_after = self.admission.waited, self.admission.retry_after
         self.exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.started_at = time.time()
         self._task: asyncio.Task[None] | None = None
 
     @property
-    def link(self) -> WorkerLink | None:
+    def link(self) -> Link | None:
         return self.bringup.link
 
     @property
     def context_length(self) -> int | None:
-        return self.bringup.model.context_length
+        return self.bringup.facts.model.context_length
+
+    @property
+    def prompt_bound(self) -> PromptBound | None:
+        """What bounds a prompt before it is tokenised, once a worker has said (the front
+        refuses an embedding input past it: `PromptBound.least_tokens`)."""
+        return self.bringup.facts.model.prompt_bound
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone or out of time: drop the job wherever it is (a running one
+        leaves the batch when the worker says it has)."""
+        if self.scheduler.cancel(job) and self.link is not None:
+            self.link.send(Cancel(job.id))
 
     def snapshot(self) -> Snapshot:
-        link, scheduler, last = self.link, self.scheduler, self.faults.last
+        link, scheduler, last = self.link, self.scheduler, self.fault_log.last
+        facts = self.bringup.facts
         return Snapshot(
-            self.status(),
-            self.source.model_id,
-            self.retry_after(),
-            link.pid if link else None,
-            link.generation if link else 0,
-            self.bringup.generation,
-            bool(link and link.alive),
-            self.bringup.seconds,
-            self.faults.total,
-            last.summary() if last else None,
-            self.bringup.intensity.in_window(),
-            len(scheduler.queue),
-            self.bringup.standby.summary(),
-            len(scheduler.running),
-            scheduler.limit,
-            scheduler.on_probation,
-            len(self.quarantine),
-            self.context_length,
-            self.speeds.baseline_tps,
-            self.speeds.recent_tps,
-            time.time() - self.started_at,
-            self.bringup.model.model_bytes,
-            self.bringup.model.device_bytes,
-            dict(self.bringup.phases),
-            self.suspicions.summary(),
+            status=self.status(),
+            model=self.source.model_id,
+            retry_after=self.retry_after(),
+            worker_pid=link.pid if link else None,
+            worker_generation=link.generation if link else 0,
+            workers_started=self.bringup.generation,
+            worker_alive=bool(link and link.alive),
+            bring_up_s=facts.seconds,
+            faults_total=self.fault_log.total,
+            last_fault=last.summary() if last else None,
+            restarts_in_window=self.bringup.intensity.in_window(),
+            queue_depth=len(scheduler.queue),
+            standby=self.bringup.standby.summary(),
+            batch_size=len(scheduler.running),
+            batch_limit=scheduler.limit,
+            probation=scheduler.on_probation,
+            quarantined=len(self.quarantine),
+            context_length=self.context_length,
+            decode_baseline=self.speeds.baseline_tps,
+            decode_recent=self.speeds.recent_tps,
+            uptime_s=time.time() - self.started_at,
+            model_bytes=facts.model.model_bytes,
+            device_bytes=facts.model.device_bytes,
+            phases=dict(facts.phases),
+            suspects=self.suspicions.summary(),
         )
 
     # -- the loop ---------------------------------------------------------------------
@@ -173,7 +187,7 @@ class Supervisor:
             self.serving()
             while True:
                 assert self.link is not None
-                self.jobs.start_next(self.link)
+                self.dispatch.start_next(self.link)
                 if self._spare_may_start():
                     self.bringup.refill()
                 await self._watch()
@@ -181,23 +195,20 @@ class Supervisor:
             state = State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING
             self.set_state(state, f"exit {exc.code}: {exc.reason}")
             log.critical("exiting %d: %s", exc.code, exc.reason)
-            failed = exc.code == EX_TEMPFAIL
-            for job in self.scheduler.drain():
-                if failed:
-                    job.push(self.queue_error())
-                elif exc.code == EX_CONFIG:  # the requests a load on demand held
-                    job.push(admission.unusable(exc.reason))
-                else:
-                    job.push(admission.shutdown())
+            if exc.code == EX_TEMPFAIL:
+                self.dispatch.end_all(self.queue_error)
+            elif exc.code == EX_CONFIG:  # the requests a load on demand held
+                self.dispatch.end_all(functools.partial(answers.unusable, exc.reason))
+            else:
+                self.dispatch.end_all(answers.shutdown)
             if not self.exit_code.done():
                 self.exit_code.set_result(exc.code)
         except Exception:
             log.critical("the supervision loop ended on a bug in steward", exc_info=True)
             self.set_state(State.FAILED, "a bug in steward ended the supervision loop")
-            if self.jobs.current is not None:
-                self.jobs.current.push(admission.bug("the supervision loop ended"))
-            for job in self.scheduler.drain():
-                job.push(admission.exiting(None, self.retry_after()))
+            if (current := self.dispatch.current) is not None:
+                self.dispatch.end(current, answers.bug("the supervision loop ended"))
+            self.dispatch.end_all(self._exiting)
             self.exit_code.set_result(EX_SOFTWARE)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
@@ -218,8 +229,7 @@ class Supervisor:
                 log.warning("drain cut short: %d request(s) abandoned", left)
                 break
             await asyncio.sleep(0.05)
-        for job in self.scheduler.drain():
-            job.push(admission.shutdown())
+        self.dispatch.end_all(answers.shutdown)
         if self._task is not None:  # never started: a model unloaded before its load began
             self._task.cancel()  # a worker exiting on request is no fault
         await self.suspicions.close()  # a suspect has nothing to finish
@@ -233,12 +243,14 @@ class Supervisor:
         failure, this model's are told it is exiting (a retryable 503)."""
         if self.alive():  # a loop that ended stays `failed`
             self.set_state(State.STOPPING, "closing")
-        for job in self.scheduler.drain():
-            job.push(admission.exiting(None, self.retry_after()))
+        self.dispatch.end_all(self._exiting)
         if self._task is not None:
             self._task.cancel()
         await self.suspicions.close()
         await self.bringup.close()
+
+    def _exiting(self) -> ApiError:
+        return answers.exiting(None, self.retry_after())
 
     def _spare_may_start(self) -> bool:
         """A spare's bring-up does not slow the replay of a fault's suspects. On a CPU it
@@ -247,15 +259,19 @@ class Supervisor:
         the host's other cores, its short warm-up of shapes and canary are all it asks of
         the device, and a second fault of the same recovery (a poison tried alone) finds it
         on its way instead of starting a worker from nothing while new requests wait."""
-        return self.bringup.model.gpu or not self.scheduler.replaying
+        return self.bringup.facts.model.gpu or not self.scheduler.replaying
+
+    def _silence(self, link: Link) -> Silence:
+        running = self.scheduler.running.values()
+        return silence(link, running, self.dispatch.busy_since, self.bounds)
 
     async def _watch(self) -> None:
         """Wait for something to decide: work, a job's end, a fault, or a silence's bound."""
         link = self.link
         assert link is not None
-        quiet = silence(link, self.scheduler.running.values(), self.jobs.busy_since, self.bounds)
-        self.admission.wake.clear()
-        woken = asyncio.ensure_future(self.admission.wake.wait())
+        quiet = self._silence(link)
+        self.context.wake.clear()
+        woken = asyncio.ensure_future(self.context.wake.wait())
         timeout = min(TICK, max(0.0, quiet.deadline - time.monotonic()))
         try:
             await asyncio.wait(
@@ -266,7 +282,7 @@ class Supervisor:
         if link.failure.done():
             await self.recover(link.failure.result())
             return
-        quiet = silence(link, self.scheduler.running.values(), self.jobs.busy_since, self.bounds)
+        quiet = self._silence(link)
         judged = quiet.judge(link.heartbeat)
         if judged is Judged.HUNG:
             await self.recover(link.fault(FaultClass.STALL, quiet.message()))
@@ -283,7 +299,7 @@ class Supervisor:
         link = self.link
         assert link is not None
         link.rearm()
-        self.faults.record(fault)
+        self.fault_log.record(fault)
         suspects, regroup = self.seize(fault)
         self.quarantine.fault(job.digest for job in suspects)
         passed, verdict = None, ""
@@ -294,7 +310,7 @@ class Supervisor:
         try:
             action = recovery.worker(fault.cls, passed, self.config.on_fault)
             if action is recovery.Verdict.KEEP:
-                fault.settle(Outcome.KEPT, "kept worker (canary passed)")
+                fault.decide(Outcome.KEPT, "kept worker (canary passed)")
             elif action is recovery.Verdict.EXIT:
                 raise Exit(EX_TEMPFAIL, f"{fault.cls} fault and --on-fault exit")
             else:
@@ -302,25 +318,25 @@ class Supervisor:
                 outcome = await self.bringup.replace(fault)
                 how = "promoted standby" if outcome is Outcome.PROMOTED else "replaced worker"
                 generation = self.link.generation if self.link else 0
-                fault.settle(outcome, verdict + f"{how} (generation {generation})")
+                fault.decide(outcome, verdict + f"{how} (generation {generation})")
         except Exit as exc:
             self.give_up(fault, suspects, verdict + f"exit {exc.code}")
             raise
         self.plan(fault, suspects, regroup, kept=passed is True)
-        self.faults.settle(fault)
+        self.fault_log.report(fault)
 
     def seize(self, fault: Fault) -> tuple[list[Job], bool]:
         """The batch faulted: its members are suspects now, off the serving worker."""
         link = self.link
         assert link is not None
         suspects, regroup = self.scheduler.fault()
-        link.sinks.clear()
+        link.forget_all()
         for job in suspects:  # a kept worker may have taken some in after the fault
             link.send(Cancel(job.id))
         if len(suspects) == 1:
             fault.request_id = suspects[0].request_id
         self.set_state(State.RECOVERING, f"fault {fault.id} ({fault.cls})")
-        self.bringup.since = time.monotonic()
+        self.bringup.began()
         return suspects, regroup
 
     def plan(self, fault: Fault, suspects: list[Job], regroup: bool, kept: bool) -> None:
@@ -329,24 +345,24 @@ class Supervisor:
         affordable = None if kept else max(0, self.config.max_restarts - intensity.in_window())
         convicted = {j.digest for j in suspects if self.quarantine.blocked(j.digest)}
         plan = recovery.suspects(suspects, fault.cls, kept, regroup, convicted, affordable)
-        self.jobs.carry_out(plan, fault)
+        self.dispatch.carry_out(plan, fault)
         self.serving()
         fault.recovery_s = round(time.monotonic() - fault.detected, 3)
 
     def give_up(self, fault: Fault, suspects: list[Job], action: str) -> None:
         """No worker will serve: the suspects are told the process exits."""
-        fault.settle(Outcome.EXIT, action)
+        fault.decide(Outcome.EXIT, action)
         for job in suspects:
-            self.jobs.end(job, admission.exiting(fault, self.retry_after()))
-        self.faults.settle(fault)
+            self.dispatch.end(job, answers.exiting(fault, self.retry_after()))
+        self.fault_log.report(fault)
 
     # -- state --------------------------------------------------------------------------
 
     def serving(self) -> None:
         """Serving: `degraded` while a fault is within the restart window, a suspect awaits
         its verdict, or decode is slow."""
-        self.scheduler.worker_max = self.bringup.model.max_batch or self.scheduler.worker_max
-        last = self.faults.last
+        self.scheduler.worker_said(self.bringup.facts.model.max_batch)
+        last = self.fault_log.last
         if last and time.time() - last.at < self.config.restart_window:
             self.set_state(State.DEGRADED, f"fault {last.id} ({last.cls}) in the restart window")
         elif aside := self.suspicions.pending():
@@ -361,6 +377,6 @@ class Supervisor:
         if state is not old and old is not State.STOPPING:
             log.info("state %s -> %s: %s", old, state, reason)
             if old is State.RECOVERING:
-                self.admission.recovered_at = time.monotonic()
+                self.admission.recovered()
             self.state = state
             self.events.state_changed(old, state, reason)

@@ -31,7 +31,7 @@ from steward.supervisor.bringup import Aside
 from steward.supervisor.exits import Exit
 from steward.supervisor.failover import Move, Verdict
 from steward.supervisor.faults import Fault, Outcome
-from steward.supervisor.link import WorkerLink
+from steward.supervisor.line import Link
 from steward.supervisor.silence import Silence
 from steward.supervisor.state import State
 
@@ -82,9 +82,11 @@ class Suspicions:
             return
         if move is Move.RACE:
             standby.rush(bringup.room())
-        limit = failover.patience(move, quiet.allowed, bringup.loading_s, quiet.ceiling, affordable)
+        limit = failover.patience(
+            move, quiet.allowed, bringup.facts.loading_s, quiet.ceiling, affordable
+        )
         sup.set_state(State.RECOVERING, f"worker {link.generation} suspected of a hang")
-        bringup.since = time.monotonic()
+        bringup.began()
         await self._watch(link, fault, quiet.since, quiet.since + limit, move is Move.RACE)
 
     async def close(self) -> None:
@@ -96,7 +98,7 @@ class Suspicions:
             await aside.link.kill()
 
     async def _watch(
-        self, link: WorkerLink, fault: Fault, since: float, deadline: float, race: bool
+        self, link: Link, fault: Fault, since: float, deadline: float, race: bool
     ) -> None:
         """The suspect keeps its batch until it steps (nothing done), fails (that fault),
         the replacement racing it is ready (promoted), or `deadline` (a `stall`)."""
@@ -125,7 +127,7 @@ class Suspicions:
                 continue
             return
 
-    async def _lifted(self, link: WorkerLink, since: float) -> None:
+    async def _lifted(self, link: Link, since: float) -> None:
         """It stepped before anything was done: slow, not hung."""
         log.warning(
             "worker %d stepped after %.1f s of silence: slow, not hung; nothing replayed",
@@ -142,7 +144,7 @@ class Suspicions:
         sup = self.sup
         old = sup.link
         assert old is not None
-        sup.faults.name(fault)
+        sup.fault_log.name(fault)
         suspects, regroup = sup.seize(fault)
         strike = sup.quarantine.fault(job.digest for job in suspects)
         try:
@@ -153,7 +155,7 @@ class Suspicions:
         aside = Aside(old, fault, charge, strike, since)
         sup.bringup.asides.append(aside)
         generation = sup.link.generation if sup.link else 0
-        fault.settle(
+        fault.decide(
             Outcome.PROMOTED,
             f"promoted standby (generation {generation}); worker {old.generation} aside until "
             "its verdict",
@@ -180,7 +182,7 @@ class Suspicions:
         stepped_at = link.last_step if link.last_step >= aside.fault.detected else 0.0
         verdict = failover.verdict(stepped_at, deadline, link.failure.done())
         await self._judged(aside, verdict)
-        self.sup.admission.wake.set()  # the state, the next spare: the loop decides
+        self.sup.context.wake.set()  # the state, the next spare: the loop decides
 
     async def _judged(self, aside: Aside, verdict: Verdict) -> None:
         """Acts on the verdict; the suspect leaves the asides (the memory it held is free
@@ -214,6 +216,6 @@ class Suspicions:
         else:
             fault.message += f"; silent to the ceiling ({sup.config.stall_timeout:.0f} s)"
             fault.action += "; hung: killed at the ceiling"
-        sup.faults.settle(fault)
+        sup.fault_log.report(fault)
         sup.bringup.asides.remove(aside)  # its memory is free as it dies
         await link.kill()

@@ -9,11 +9,11 @@ from steward.wire.faultspec import FaultSpec
 from steward.wire.protocol import Calibration
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerSettings:
     source: ModelSource
     generation: int
-    faults: list[FaultSpec]
+    specs: list[FaultSpec]  # what --inject-fault asks of this worker
     parent_pid: int
     memory_limit: int | None = None
     max_batch: int = 0  # 0: auto (width.py)

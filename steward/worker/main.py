@@ -86,7 +86,7 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         if not settings.warm:
             with _file_limit_kept():
                 runtime.imports_and_device(phases)
-        injector = Injector(settings.faults, settings.generation)
+        injector = Injector(settings.specs, settings.generation)
         if settings.kind == "embedding":
             with phases.timed("load"):
                 engine = _embedding_engine(settings, injector)

@@ -15,7 +15,27 @@ from steward.supervisor.state import State
 from steward.wire.protocol import Done
 
 STARTING = Snapshot(
-    State.STARTING, "m", 1, 7, 1, 1, True, 1.0, 0, None, 0, 0, {}, 0, 32, 0, 0, None, 0, 0, 0
+    status=State.STARTING,
+    model="m",
+    retry_after=1,
+    worker_pid=7,
+    worker_generation=1,
+    workers_started=1,
+    worker_alive=True,
+    bring_up_s=1.0,
+    faults_total=0,
+    last_fault=None,
+    restarts_in_window=0,
+    queue_depth=0,
+    standby={},
+    batch_size=0,
+    batch_limit=32,
+    probation=0,
+    quarantined=0,
+    context_length=None,
+    decode_baseline=0,
+    decode_recent=0,
+    uptime_s=0,
 )
 
 
@@ -87,10 +107,10 @@ def test_counters_and_histograms(supervisor: SimpleNamespace) -> None:
     metrics.canary_ran(False, 0.2)
     metrics.request_quarantined()
     kept = Fault(FaultClass.GPU_TIMEOUT, "GPU Timeout", 1)
-    kept.settle(Outcome.KEPT, "kept worker (canary passed)")
+    kept.decide(Outcome.KEPT, "kept worker (canary passed)")
     kept.recovery_s = 0.3
     lost = Fault(FaultClass.WORKER_CRASH, "killed by SIGSEGV", 2)
-    lost.settle(Outcome.EXIT, "canary failed (worker_crash); exit 75")  # the words never matter
+    lost.decide(Outcome.EXIT, "canary failed (worker_crash); exit 75")  # the words never matter
     metrics.fault_settled(kept)
     metrics.fault_settled(lost)
     metrics.request_done(done(0.02, 480.0))

@@ -1,6 +1,6 @@
 """A fake worker line for testing the supervisor's decisions in milliseconds.
 
-`FakeLink` has the interface the supervisor and the canary use of `WorkerLink`; a `Script`
+`FakeLink` is a `Link` (line.py), what the supervisor needs of a worker's line; a `Script`
 shared by every fake worker (it outlives a replacement, as the backend's behaviour would)
 says what each canary does and which attempts of which request fault, and how. Answers are
 delivered on the event loop, as the real line's reader delivers them: a fault at once, an
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from steward.supervisor.faults import Fault, FaultClass
-from steward.supervisor.link import Sink
+from steward.supervisor.line import Link, Sink
 from steward.wire.protocol import (
     Calibration,
     Cancel,
@@ -77,6 +77,7 @@ class Script:
         if self.replacements is not None and settings.generation > 1:
             await self.replacements.wait()
         link = FakeLink(self, settings.generation, settings.warm)
+        assert isinstance(link, Link)  # every member the supervisor may use is there
         self.links.append(link)
         self.settings.append(settings)
         return link
@@ -89,7 +90,7 @@ class FakeLink:
         self.warm = warm  # a warm spare: answers `Warm` until told to `Load`
         self.canaries: list[str] = []  # the canaries it ran
         self.pid = next(_pids)
-        self.sinks: dict = {}
+        self.sinks: dict[int, Sink] = {}  # its own routing, as the real line's
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
         self.started = self.progress = time.monotonic()
         self.last_step = 0.0
@@ -170,6 +171,12 @@ class FakeLink:
             self.warm = False
         if isinstance(msg, Cancel) and (sink := self.sinks.pop(msg.id, None)):
             self.loop.call_soon(sink.finished, Done(msg.id, "cancelled", 3, 0, 0.0, 0.0))
+
+    def forget(self, request_id: int) -> bool:
+        return self.sinks.pop(request_id, None) is not None
+
+    def forget_all(self) -> None:
+        self.sinks.clear()
 
     def start(self, req: Generate, sink: Sink) -> None:
         self.sinks[req.id] = sink

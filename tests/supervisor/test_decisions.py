@@ -42,7 +42,7 @@ def test_a_fault_alone_is_replayed_on_a_kept_or_new_worker(cls, canary, worker, 
         supervisor = await start(script)
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, Done) and end.completion_tokens == TOKENS  # replayed
-        fault = supervisor.faults.last
+        fault = supervisor.fault_log.last
         assert (fault.cls, fault.outcome, supervisor.link.generation) == (cls, worker, generation)
         assert fault.request_id == "req-1"
         assert supervisor.state is State.DEGRADED
@@ -55,7 +55,7 @@ def test_an_allocation_failure_alone_that_the_canary_clears_is_507():
         supervisor = await start(Script(faults={1: [C.OOM]}))
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, ApiError) and end.type == "insufficient_memory"
-        assert supervisor.faults.last.outcome is Outcome.KEPT
+        assert supervisor.fault_log.last.outcome is Outcome.KEPT
 
     run(scenario)
 
@@ -68,7 +68,7 @@ def test_an_allocation_failure_in_a_batch_halves_it_and_replays_all():
         ends = [end for _, end in [await outcome(job) for job in jobs]]
         assert all(isinstance(end, Done) for end in ends)
         assert supervisor.scheduler.limit == 16
-        assert supervisor.faults.last.outcome is Outcome.KEPT
+        assert supervisor.fault_log.last.outcome is Outcome.KEPT
 
     run(scenario)
 
@@ -82,7 +82,7 @@ def test_a_payload_at_its_second_fault_is_quarantined_with_its_twins():
         with pytest.raises(ApiError) as twin:
             submit(supervisor, 2, digest="poison")
         assert twin.value.type == "request_quarantined"
-        assert supervisor.faults.total == 2 and supervisor.link.generation == 1
+        assert supervisor.fault_log.total == 2 and supervisor.link.generation == 1
 
     run(scenario)
 
@@ -123,7 +123,7 @@ def test_a_spent_recovery_budget_exits_75_and_says_so_to_every_client():
         assert isinstance(end, ApiError) and end.type == "backend_unavailable"
         assert await asyncio.wait_for(supervisor.exit_code, 5) == 75
         assert supervisor.status() is State.FAILED
-        assert supervisor.faults.last.outcome is Outcome.EXIT
+        assert supervisor.fault_log.last.outcome is Outcome.EXIT
 
     run(scenario)
 
@@ -146,7 +146,7 @@ def test_a_replacement_that_cannot_pass_its_canary_twice_exits_75():
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, ApiError)
         assert await asyncio.wait_for(supervisor.exit_code, 5) == 75
-        outcomes = [fault.outcome for fault in supervisor.faults.recent]
+        outcomes = [fault.outcome for fault in supervisor.fault_log.recent]
         assert outcomes.count(Outcome.DISCARDED) == 2
 
     run(scenario)
@@ -196,14 +196,14 @@ def test_a_request_that_meets_a_recovery_waits_for_it_when_it_can_end_in_time():
         supervisor, struck, loads = await struck_while_replaced()
         supervisor.bringup.measured(10.0)  # the last bring-up took 10 s
         waiting = submit(supervisor, 2)
-        expected = supervisor.bringup.since + 2 * 10.0
+        expected = supervisor.bringup.facts.since + 2 * 10.0
         far, near = time.monotonic() + 1000, time.monotonic() + 5
         assert waiting.waits_until(queue_timeout=1.0, deadline=far) == expected + 1.0
         assert waiting.waits_until(1.0, near) == waiting.queued_at + 1.0  # not in time
         loads.set()
         await answered(struck)
         await answered(waiting)
-        ended = supervisor.admission.recovered_at
+        ended = supervisor.admission.recovery_end()  # serving: when it ended
         assert waiting.queued_at < ended < expected  # the recovery ended sooner
         later = submit(supervisor, 3)
         assert later.waits_until(1.0, far) == later.queued_at + 1.0  # none met
@@ -259,8 +259,8 @@ def test_a_crash_promotes_the_spare_and_a_new_one_starts_behind(mode, canaries):
         spare = supervisor.bringup.standby.link
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, Done)
-        assert supervisor.link is spare and supervisor.faults.last.outcome is Outcome.PROMOTED
-        assert "promoted standby" in supervisor.faults.last.action
+        assert supervisor.link is spare and supervisor.fault_log.last.outcome is Outcome.PROMOTED
+        assert "promoted standby" in supervisor.fault_log.last.action
         await until(lambda: supervisor.bringup.standby.state == "ready")  # a new one behind it
         assert supervisor.bringup.standby.link is not spare
         # warm: the first worker's and the promoted spare's once loaded; hot: the first
@@ -314,6 +314,6 @@ def test_a_spare_that_fails_is_never_shown_to_clients():
         await until(lambda: supervisor.bringup.standby.state == "failed")
         _, end = await outcome(submit(supervisor, 1))
         assert isinstance(end, Done)
-        assert supervisor.faults.total == 0 and supervisor.state is State.READY
+        assert supervisor.fault_log.total == 0 and supervisor.state is State.READY
 
     run(scenario)

@@ -73,7 +73,7 @@ async def suspected(supervisor: Supervisor, script: Script, n: int = 4) -> tuple
     jobs, first = await batch(supervisor, script, n)
     await until(lambda: bool(supervisor.bringup.asides), within=CEILING)  # before the ceiling
     assert aside(supervisor) is first and supervisor.link is not first
-    assert supervisor.faults.total == 0  # a suspicion is no fault yet
+    assert supervisor.fault_log.total == 0  # a suspicion is no fault yet
     assert supervisor.snapshot().suspects[0]["pid"] == first.pid
     return jobs, first
 
@@ -90,8 +90,8 @@ def test_a_suspect_is_failed_over_to_the_hot_spare_and_killed_silent_at_the_ceil
         gate.set()
         await whole(jobs)  # resumed on the spare
         await until(lambda: not supervisor.bringup.asides, within=2 * CEILING)
-        fault = supervisor.faults.last
-        assert (fault.cls, fault.outcome, supervisor.faults.total) == (
+        fault = supervisor.fault_log.last
+        assert (fault.cls, fault.outcome, supervisor.fault_log.total) == (
             FaultClass.STALL,
             Outcome.PROMOTED,
             1,
@@ -158,7 +158,7 @@ def test_a_suspect_that_steps_only_after_the_ceiling_is_still_hung():
         await until(lambda: first.killed, within=2 * CEILING)
         steps = first.steps
         await until(lambda: first.steps > steps, within=CEILING)  # its late words
-        assert supervisor.faults.total == 1 and supervisor.faults.last.cls == FaultClass.STALL
+        assert supervisor.fault_log.total == 1 and supervisor.fault_log.last.cls == FaultClass.STALL
         assert supervisor.snapshot().restarts_in_window == 1
         assert supervisor.bringup.standby.link is not first
 
@@ -177,7 +177,7 @@ def test_without_a_spare_a_replacement_races_the_suspect_and_takes_over():
         gate.set()
         await whole(jobs)
         await until(lambda: first.killed, within=2 * CEILING)
-        assert supervisor.faults.total == 1
+        assert supervisor.fault_log.total == 1
         assert supervisor.bringup.standby.link is None  # the mode keeps no spare
 
     run(scenario)
@@ -195,7 +195,7 @@ def test_a_suspect_that_steps_before_its_racing_replacement_is_up_keeps_its_batc
         await whole(jobs)
         assert [r.seq for r in script.started].count(3) == 1  # nothing replayed
         assert supervisor.link is first and script.links == [first]  # the racer stopped
-        assert supervisor.faults.total == 0 and supervisor.bringup.standby.state is None
+        assert supervisor.fault_log.total == 0 and supervisor.bringup.standby.state is None
 
     run(scenario)
 
@@ -214,7 +214,7 @@ def test_without_room_for_a_replacement_a_suspect_gets_what_a_bring_up_takes():
         await until(lambda: first.killed, within=CEILING)  # before the ceiling
         gate.set()
         await whole(jobs)  # replayed on the replacement
-        fault = supervisor.faults.last
+        fault = supervisor.fault_log.last
         assert fault.cls == FaultClass.STALL and fault.outcome is Outcome.REPLACED
         assert "suspected hang" in fault.message and supervisor.link.generation == 2
 
@@ -230,7 +230,7 @@ def test_without_room_a_suspect_that_steps_within_the_wait_keeps_its_batch():
         jobs, first = await batch(supervisor, script, 4)
         gate.set()
         await whole(jobs)
-        assert supervisor.link is first and supervisor.faults.total == 0
+        assert supervisor.link is first and supervisor.fault_log.total == 0
         assert [r.seq for r in script.started].count(3) == 1
 
     run(scenario)
@@ -270,7 +270,7 @@ def test_a_poison_that_hangs_every_worker_is_found_and_the_innocents_answered():
         await until(lambda: not supervisor.bringup.asides, within=2 * CEILING)
         assert supervisor.state.serving and not supervisor.exit_code.done()
         assert supervisor.snapshot().restarts_in_window <= supervisor.config.max_restarts
-        assert {f.cls for f in supervisor.faults.recent} == {FaultClass.STALL}
+        assert {f.cls for f in supervisor.fault_log.recent} == {FaultClass.STALL}
         assert len(supervisor.quarantine) == 1 and not supervisor.quarantine.struck("q")
 
     run(scenario)
@@ -286,7 +286,7 @@ def test_a_drain_with_a_suspect_aside_answers_everyone_and_kills_the_suspect():
         gate.set()
         await whole(jobs)
         await asyncio.wait_for(draining, 5)
-        assert first.killed and supervisor.faults.total == 0  # no verdict at a stop
+        assert first.killed and supervisor.fault_log.total == 0  # no verdict at a stop
 
     run(scenario)
 
@@ -322,7 +322,7 @@ def test_a_suspicion_the_restart_budget_cannot_pay_for_waits_to_the_ceiling():
         script = Script(pause={1: CEILING / 2}, gate=gate)
         supervisor = await serving(script, max_restarts=0)
         await whole([submit(supervisor, 1, stream=True)])
-        assert not supervisor.exit_code.done() and supervisor.faults.total == 0
+        assert not supervisor.exit_code.done() and supervisor.fault_log.total == 0
         assert supervisor.link is script.links[0]
 
     run(scenario)
@@ -337,7 +337,7 @@ def test_a_starved_worker_is_not_suspected_before_the_ceiling():
         script = Script(pause={1: CEILING / 2}, gate=gate, starved=True)
         supervisor = await serving(script)
         await whole([submit(supervisor, 1, stream=True)])
-        assert supervisor.link is script.links[0] and supervisor.faults.total == 0
+        assert supervisor.link is script.links[0] and supervisor.fault_log.total == 0
 
     run(scenario)
 

@@ -24,7 +24,7 @@ WORKER_SPENT = (Outcome.REPLACED, Outcome.PROMOTED)
 
 
 def replacements(supervisor: Supervisor) -> int:
-    return sum(f.outcome in WORKER_SPENT for f in supervisor.faults.recent)
+    return sum(f.outcome in WORKER_SPENT for f in supervisor.fault_log.recent)
 
 
 async def decoding(supervisor: Supervisor, n: int, same: bool, stream: bool = True) -> list[Job]:
@@ -38,8 +38,10 @@ async def replayed(supervisor: Supervisor, jobs: list[Job]) -> None:
     """Held until a fault has struck and these have begun again (or more faults struck)."""
     await until(
         lambda: (
-            supervisor.faults.total >= 2
-            or (supervisor.faults.total == 1 and all(j.attempts == 2 and j.started for j in jobs))
+            supervisor.fault_log.total >= 2
+            or (
+                supervisor.fault_log.total == 1 and all(j.attempts == 2 and j.started for j in jobs)
+            )
         )
     )
 
@@ -88,7 +90,7 @@ def test_a_transient_crash_in_a_decoding_batch_costs_one_worker_and_no_answer(se
         supervisor = await start(script, max_batch=8)
         jobs = await decoding(supervisor, 7, same=False)
         jobs.append(submit(supervisor, 8, stream=True))
-        await until(lambda: supervisor.faults.total == 1)
+        await until(lambda: supervisor.fault_log.total == 1)
         gate.set()
         results = [await outcome(job) for job in jobs]
         assert all(answered(end) for _, end in results)
@@ -123,7 +125,7 @@ def test_a_resumed_poison_stream_ends_in_its_quarantine_after_the_tokens_it_sent
         supervisor = await start(script, max_batch=8)
         innocents = await decoding(supervisor, 7, same=True)
         poison = submit(supervisor, 8, stream=True, digest="poison")
-        await until(lambda: supervisor.faults.total >= 1)
+        await until(lambda: supervisor.fault_log.total >= 1)
         gate.set()
         assert all(answered(end) for _, end in [await outcome(job) for job in innocents])
         tokens, end = await outcome(poison)
@@ -140,7 +142,7 @@ def test_copies_arriving_during_probation_wait_and_share_the_verdict():
         supervisor = await start(script)
         innocents = await decoding(supervisor, 7, same=True)
         poison = submit(supervisor, 8, digest="poison")
-        await until(lambda: supervisor.faults.total >= 1)
+        await until(lambda: supervisor.fault_log.total >= 1)
         copy = submit(supervisor, 9, digest="poison")  # a client's retry, while on probation
         twin = submit(supervisor, 10, digest="q")  # the innocent question, asked again
         gate.set()
@@ -166,7 +168,7 @@ def test_a_client_leaving_while_its_group_waits_changes_no_verdict():
         supervisor = await start(script)
         innocents = await decoding(supervisor, 7, same=False)
         poison = submit(supervisor, 8, digest="poison")
-        await until(lambda: supervisor.faults.total >= 1)
+        await until(lambda: supervisor.fault_log.total >= 1)
         leaving = innocents.pop()
         supervisor.cancel(leaving)  # while it waits for its group
         gate.set()
@@ -185,7 +187,7 @@ def test_a_second_fault_during_the_first_canary_replaces_the_worker_once():
         jobs = [submit(supervisor, i) for i in range(1, 4)]
         assert all(answered(end) for _, end in [await outcome(job) for job in jobs])
         assert replacements(supervisor) == 1
-        assert "canary failed (gpu_timeout)" in supervisor.faults.last.action
+        assert "canary failed (gpu_timeout)" in supervisor.fault_log.last.action
 
     run(scenario)
 
@@ -199,7 +201,7 @@ def test_a_fault_that_keeps_its_worker_is_halved_down_to_its_payload():
         assert quarantined(ends[4])
         assert all(answered(end) for i, end in enumerate(ends) if i != 4)
         assert replacements(supervisor) == 0
-        assert {f.outcome for f in supervisor.faults.recent} == {Outcome.KEPT}
+        assert {f.outcome for f in supervisor.fault_log.recent} == {Outcome.KEPT}
 
     run(scenario)
 
@@ -210,8 +212,8 @@ def test_silence_to_the_ceiling_is_a_stall():
         supervisor = await start(script, stall_timeout=0.3)
         assert answered((await outcome(submit(supervisor, 1)))[1])
         assert answered((await outcome(submit(supervisor, 2)))[1])  # replayed
-        assert supervisor.faults.last.cls == C.STALL
-        assert "ceiling 0.3 s" in supervisor.faults.last.message
+        assert supervisor.fault_log.last.cls == C.STALL
+        assert "ceiling 0.3 s" in supervisor.fault_log.last.message
 
     run(scenario)
 

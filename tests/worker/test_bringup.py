@@ -20,7 +20,13 @@ from steward.worker import calibration, runtime
 
 
 def settings(model: Path, **more) -> WorkerSettings:
-    return WorkerSettings(ModelSource("mlx", model, "tiny"), 1, [], os.getpid(), **more)
+    return WorkerSettings(
+        source=ModelSource("mlx", model, "tiny"),
+        generation=1,
+        specs=[],
+        parent_pid=os.getpid(),
+        **more,
+    )
 
 
 async def bring_up(config: WorkerSettings) -> Ready:

@@ -60,19 +60,19 @@ def checked(request: Request, inputs: list[str | list[int]]) -> list[str | list[
             f"input: {len(inputs)} inputs, more than {limit} (--max-embedding-inputs)",
             param="input",
         )
-    model = backend.supervisor(request).bringup.model  # the pool's, for the model named
+    bound = backend.supervisor(request).prompt_bound  # the pool's, for the model named
     for i, item in enumerate(inputs):
         if not item:
             raise ApiError("validation_error", f"input[{i}]: must not be empty", param="input")
-        if model.context_length is None or model.max_token_chars is None:
+        if bound is None:
             continue
-        # token ids are tokens; a text has at least a token per `max_token_chars` characters
-        tokens = len(item) if isinstance(item, list) else -(-len(item) // model.max_token_chars)
-        if tokens > model.context_length:
+        # token ids are tokens; a text has at least `bound.least_tokens` of its characters
+        tokens = len(item) if isinstance(item, list) else bound.least_tokens(len(item))
+        if tokens > bound.context_length:
             raise ApiError(
                 "context_length_exceeded",
                 f"input[{i}]: at least {tokens} tokens, more than this model's maximum "
-                f"context length of {model.context_length}",
+                f"context length of {bound.context_length}",
                 param="input",
             )
     return inputs
