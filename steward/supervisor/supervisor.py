@@ -23,7 +23,7 @@ import logging
 import time
 
 from steward.config import ServeConfig
-from steward.model.resolve import ModelSource, is_vision
+from steward.model.resolve import ModelSource
 from steward.supervisor import admission, recovery
 from steward.supervisor.admission import Admission
 from steward.supervisor.bounds import StepBounds
@@ -63,7 +63,6 @@ class Supervisor:
     ):
         self.config = config
         self.source = source
-        self.vision = source.kind == "mlx" and is_vision(source.path)  # takes images
         self.state = State.STARTING
         self.events = Observers()
         self.faults = FaultLog(self.events)
@@ -119,6 +118,11 @@ class Supervisor:
     @property
     def context_length(self) -> int | None:
         return self.bringup.model.context_length
+
+    @property
+    def hot(self) -> bool:
+        """Its standby holds a second copy of the model: a pool's budget counts two."""
+        return self.bringup.standby.mode == "hot"
 
     def snapshot(self) -> Snapshot:
         link, scheduler, last = self.link, self.scheduler, self.faults.last
