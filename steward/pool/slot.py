@@ -21,7 +21,7 @@ from steward.model.resolve import is_vision
 from steward.pool import budget
 from steward.pool.catalog import ModelEntry
 from steward.pool.snapshot import OF_SUPERVISOR, ModelSnapshot, ModelState
-from steward.supervisor.bringup import GUESS_S
+from steward.supervisor.bringup import GUESS
 from steward.supervisor.events import Observer
 from steward.supervisor.quarantine import Quarantine
 from steward.supervisor.state import State
@@ -75,7 +75,7 @@ class Slot:
         a load takes (its last bring-up, else the supervisor's guess for one)."""
         if self.supervisor is not None:
             return self.supervisor.retry_after()
-        return max(1, round(self.load_s or GUESS_S))
+        return max(1, round(self.load_s or GUESS))
 
     def state(self, stopping: bool) -> ModelState:
         if self.failure is not None:
@@ -94,8 +94,10 @@ class Slot:
         return bool(snap.queue_depth or snap.batch_size or snap.probation)
 
     def in_use(self) -> bool:
-        """Busy, or resident and not serving yet (its idle time starts when it serves)."""
-        return self.busy() or not (self.supervisor and self.supervisor.status().serving)
+        """Resident and busy, or not serving (loading, recovering): its idle time starts
+        when it serves and nothing waits for it."""
+        supervisor = self.supervisor
+        return supervisor is not None and (self.busy() or not supervisor.status().serving)
 
     def evictable(self) -> bool:
         """Idle and serving: a polite stop loses nothing."""

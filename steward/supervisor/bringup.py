@@ -43,7 +43,7 @@ log = logging.getLogger("steward.supervisor")
 
 Spawn = Callable[[WorkerSettings], Awaitable[WorkerLink]]
 POLITE = 2.0  # seconds a worker being replaced has to exit on its own
-GUESS_S = 10.0  # a bring-up's seconds until one is measured: Retry-After's guess (the pool's too)
+GUESS = 10.0  # seconds a bring-up takes, until one is measured: Retry-After's guess
 HUNG = frozenset({FaultClass.WORKER_CRASH, FaultClass.STALL})  # nothing to ask politely
 
 
@@ -103,10 +103,10 @@ class BringUp:
         self.golden: tuple[float, ...] | None = None  # the canary's tokens, or its vector
         self.calibration: Calibration | None = None  # what the model's first worker measured
         self.generation = 0  # workers started so far, spares included
-        self.seconds = GUESS_S  # the last bring-up
+        self.seconds = GUESS  # the last bring-up
         # the last bring-up that loaded the model (not a hot spare's swap): what a
         # replacement costs; `known` once measured here or by an earlier load of the model
-        self.loading_s, self.known = GUESS_S, False
+        self.loading_s, self.known = GUESS, False
         self.since = time.monotonic()  # the bring-up under way began
         self.phases: dict[str, float] = {}  # the serving worker's bring-up
         self._retiring: set[asyncio.Task[None]] = set()

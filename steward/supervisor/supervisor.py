@@ -119,11 +119,6 @@ class Supervisor:
     def context_length(self) -> int | None:
         return self.bringup.model.context_length
 
-    @property
-    def hot(self) -> bool:
-        """Its standby holds a second copy of the model: a pool's budget counts two."""
-        return self.bringup.standby.mode == "hot"
-
     def snapshot(self) -> Snapshot:
         link, scheduler, last = self.link, self.scheduler, self.faults.last
         return Snapshot(
@@ -169,6 +164,11 @@ class Supervisor:
         if not self.alive() and self.state is not State.STOPPING:
             return State.FAILED
         return self.state
+
+    @property
+    def hot(self) -> bool:
+        """Its standby holds a second copy of the model: a pool's budget counts two."""
+        return self.bringup.standby.mode == "hot"
 
     async def _run(self) -> None:
         """Supervise until stopped; on unrecoverable failure, resolve `exit_code`."""
