@@ -30,7 +30,7 @@ from steward.config import ServeConfig
 from steward.errors import ApiError
 from steward.pool import budget, names
 from steward.pool.catalog import CatalogError, ModelEntry
-from steward.pool.slot import Slot
+from steward.pool.slot import Learn, Slot
 from steward.pool.snapshot import ModelState, PoolSnapshot, overall
 from steward.supervisor.bringup import Spawn
 from steward.supervisor.events import Observer, Observers
@@ -72,7 +72,6 @@ class Pool:
         self.started_at = time.time()
         self.stopping = False
         self._state = State.STARTING
-        self._device = 0  # the device's bytes, as the first worker said
         self._up = False  # the models loaded at start have come up
         self._starters: list[Slot] = []
         self._unloads: set[asyncio.Task[None]] = set()  # evicted supervisors stopping
@@ -81,12 +80,12 @@ class Pool:
 
     @classmethod
     def around(cls, config: ServeConfig, supervisor: Supervisor) -> Pool:
-        """A pool of the one supervisor given, already running (an app over a stand-in)."""
+        """A pool of the one supervisor given, already running (an app over a stand-in:
+        its model has no source, so no images unless a test says its slot takes them)."""
         model_id, aliases = supervisor.source.model_id, tuple(config.served_model_name)
         entry = ModelEntry(model_id, None, aliases, pin=True)
         pool = cls(config, [entry], [])
         pool.slots[0].adopt(supervisor)
-        pool.slots[0].vision = supervisor.vision
         return pool
 
     def check(self) -> None:
@@ -114,7 +113,7 @@ class Pool:
 
     def supervisor(self, slot: Slot) -> Supervisor:
         """The model's supervisor, loading it now if it is not resident."""
-        slot.last_used = time.monotonic()
+        slot.touch()
         if slot.failure is not None:
             raise ApiError(
                 "backend_unavailable",
@@ -133,8 +132,6 @@ class Pool:
         if not self.budgeted():
             return []
         holders = self._resident()
-        for holder in holders:
-            holder.remember()  # what each measured, its spare's mode
         by_name = {s.name: s for s in holders}
         need, limit = slot.need(), self.memory_budget()
         plan = budget.room(
@@ -155,7 +152,7 @@ class Pool:
         raise ApiError(
             "backend_unavailable",
             words + "; they are busy or loading. Retry once they are idle.",
-            max(1, round(slot.load_s or 10.0)),
+            slot.retry_after(),
         )
 
     def memory_budget(self) -> int:
@@ -163,9 +160,7 @@ class Pool:
         worker has said what the device has; then the device's, even with none resident)."""
         if self.budget is not None:
             return self.budget
-        seen = (s.supervisor.snapshot().device_bytes for s in self._resident())
-        self._device = max(self._device, *seen, 0)
-        return budget.default_budget(self._device)
+        return budget.default_budget(max(s.device_bytes for s in self.slots))
 
     # -- loading and unloading ----------------------------------------------------------
 
@@ -191,6 +186,7 @@ class Pool:
             calibration=slot.calibration,
             unbudgeted=not self.budgeted(),
         )
+        supervisor.events.add(Learn(slot, supervisor))  # what each bring-up measured
         supervisor.events.add(self._Watch(self, slot.name))
         for observer in self.observe(slot.name):
             supervisor.events.add(observer)
@@ -215,7 +211,6 @@ class Pool:
 
     def _unload(self, slot: Slot, why: str) -> None:
         supervisor = slot.release()
-        slot.unloading += 1
         log.info("unloading model %s: %s", slot.name, why)
         self._spawn(self._unloads, self._stop(slot, supervisor))
 
@@ -227,7 +222,7 @@ class Pool:
             finally:
                 await supervisor.close()  # whatever stop raised: no worker stays behind
         finally:
-            slot.unloading -= 1
+            slot.unloaded()
             self._changed("", f"unloaded {slot.name}")
 
     async def _tend(self) -> None:
@@ -237,8 +232,8 @@ class Pool:
             await asyncio.sleep(TICK)
             now = time.monotonic()
             for slot in self._resident():
-                if slot.busy() or not (slot.supervisor and slot.supervisor.status().serving):
-                    slot.last_used = now
+                if slot.in_use():
+                    slot.touch(now)
                 ttl = slot.entry.idle_ttl
                 if ttl is not None and now - slot.last_used >= ttl and slot.evictable():
                     self._unload(slot, f"idle for {ttl:g} s (idle_ttl)")
@@ -251,11 +246,8 @@ class Pool:
         if code == EX_SOFTWARE or self.on_failed == "exit":
             self._exit(code)
             return
-        slot.remember()
-        slot.failure = f"{WHY_FAILED.get(code, 'its supervisor exited')}: exit {code}"
+        slot.fail(supervisor, f"{WHY_FAILED.get(code, 'its supervisor exited')}: exit {code}")
         log.critical("model %s failed (%s); the other models are served", slot.name, code)
-        if slot.supervisor is supervisor:
-            slot.supervisor = None
         self._spawn(self._closing, supervisor.close())
         self._changed("", f"model {slot.name} failed")
         if all(s.failure is not None for s in self.slots):
@@ -310,13 +302,13 @@ class Pool:
         models = tuple(s.snapshot(self.stopping, self.started_at, detail) for s in self.slots)
         loading = [m.retry_after for m in models if m.state is ModelState.LOADING]
         return PoolSnapshot(
-            self.status(),
-            models,
-            self.single,
-            self.memory_budget() if detail else 0,
-            sum(m.need_bytes for m in models if m.detail is not None),
-            max(loading, default=1),
-            time.time() - self.started_at,
+            status=self.status(),
+            models=models,
+            single=self.single,
+            budget_bytes=self.memory_budget() if detail else 0,
+            resident_bytes=sum(m.need_bytes for m in models if m.detail is not None),
+            retry_after=max(loading, default=1),
+            uptime_s=time.time() - self.started_at,
         )
 
     # -- stopping -----------------------------------------------------------------------

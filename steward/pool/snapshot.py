@@ -42,7 +42,7 @@ OF_SUPERVISOR = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSnapshot:
     name: str
     aliases: tuple[str, ...]
@@ -84,7 +84,7 @@ class ModelSnapshot:
         return body
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PoolSnapshot:
     status: State  # overall
     models: tuple[ModelSnapshot, ...]  # in configured order, the default first

@@ -25,7 +25,7 @@ import time
 
 from steward.config import ServeConfig
 from steward.errors import ApiError
-from steward.model.resolve import ModelSource, is_vision
+from steward.model.resolve import ModelSource
 from steward.supervisor import answers, recovery
 from steward.supervisor.admission import Admission
 from steward.supervisor.bounds import StepBounds
@@ -70,7 +70,6 @@ class Supervisor:
     ):
         self.config = config
         self.source = source
-        self.vision = source.kind == "mlx" and is_vision(source.path)  # takes images
         self.state = State.STARTING
         self.events = Observers()
         self.fault_log = FaultLog(self.events)
@@ -179,6 +178,11 @@ class Supervisor:
         if not self.alive() and self.state is not State.STOPPING:
             return State.FAILED
         return self.state
+
+    @property
+    def hot(self) -> bool:
+        """Its standby holds a second copy of the model: a pool's budget counts two."""
+        return self.bringup.standby.mode == "hot"
 
     async def _run(self) -> None:
         """Supervise until stopped; on unrecoverable failure, resolve `exit_code`."""

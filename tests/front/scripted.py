@@ -2,8 +2,7 @@
 in process, with no worker.
 
 `ScriptedSupervisor` has the supervisor's public surface (`submit`, `cancel`,
-`queue_error`, `retry_after`, `status`, `source.model_id`, `context_length`, `vision`,
-`started_at`).
+`queue_error`, `retry_after`, `status`, `source.model_id`, `context_length`, `started_at`).
 Each submitted job is answered by `script(job)`: the events to deliver (`Token`s, then a
 `Done`, or an `ApiError`), or an `ApiError` raised at submit. `client()` is a Starlette
 `TestClient` over `create_app` with it.
@@ -77,7 +76,6 @@ class ScriptedSupervisor:
         self.script = script
         self.source = SimpleNamespace(model_id=MODEL)
         self.context_length = context_length
-        self.vision = False
         self.started_at = time.time()
         self.jobs: list[ScriptedJob] = []
         self.cancelled: list[ScriptedJob] = []

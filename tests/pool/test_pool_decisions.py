@@ -11,6 +11,7 @@ from pathlib import Path
 from steward.config import ServeConfig
 from steward.errors import ApiError
 from steward.model.resolve import ModelSource
+from steward.pool import budget
 from steward.pool.catalog import ModelEntry
 from steward.pool.pool import Pool
 from steward.pool.snapshot import ModelState
@@ -129,6 +130,25 @@ def test_an_eviction_whose_stop_fails_still_closes_its_workers(tmp_path):
         await answered(ask(pool, "c"))
         assert all(link.killed for link in scripts["a"].links)
         assert state(pool, "a") is ModelState.UNLOADED
+        await pool.close()
+
+    run(scenario)
+
+
+def test_a_model_learns_what_its_worker_measured_as_it_comes_up(tmp_path):
+    """The first worker's measures (the model's size, the device's memory, `auto`'s hot
+    spare chosen from them) are the slot's from the moment the model serves: the budget's
+    next plan counts them with no health read to fetch them first."""
+
+    async def scenario() -> None:
+        scripts = {"a": Script(model_bytes=GIB // 4), "b": Script()}
+        pool = pool_of(tmp_path, scripts, memory_budget=None, standby="auto")
+        a = pool.find("a")
+        assert a.need() == budget.need(GIB, 0, 1)  # its weights on disk, one copy
+        pool.start()
+        await until(lambda: state(pool, "a") is ModelState.READY)
+        assert a.need() == budget.need(GIB // 4, 0, 2)  # measured, and a hot spare's copy
+        assert pool.memory_budget() == budget.default_budget(scripts["a"].memory_bytes)
         await pool.close()
 
     run(scenario)
