@@ -37,9 +37,9 @@ def dialects(n: int) -> dict[str, Callable[[], Answer]]:
     chat = {"messages": [{"role": "user", "content": ASK}], "stream": True, "max_tokens": n}
     responses = {"input": ASK, "stream": True, "max_output_tokens": n}
     return {
-        "chat": lambda: ChatAnswer(MODEL, "bench", ChatRequest.model_validate(chat), False),
+        "chat": lambda: ChatAnswer(MODEL, "bench", ChatRequest.model_validate(chat)),
         "responses": lambda: ResponsesAnswer(
-            MODEL, ResponsesRequest.model_validate(responses), False, lambda record: False
+            MODEL, ResponsesRequest.model_validate(responses), lambda record: False
         ),
         "messages": lambda: MessageAnswer(MODEL, "bench", n),
     }

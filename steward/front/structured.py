@@ -8,6 +8,9 @@ unsupported. The worker compiles it again against its tokenizer and masks every 
 grammar forbids: the answer matches with any model, in a batch, in a stream, and after a
 resume (the grammar is fed the tokens the client already has).
 
+A grammar is compiled off the event loop (`grammar_off_loop`): a large schema takes
+llguidance long enough to stall every other request's stream.
+
 JSON is compiled without free whitespace (`{"a": 1, "b": [2, 3]}` as `json.dumps` writes
 it): a small model let loose on optional whitespace can fill its whole budget with it.
 `oneOf` is treated as `anyOf` (Pydantic's discriminated unions are `oneOf` with a `const`
@@ -16,6 +19,7 @@ discriminator, for which the two are the same).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,17 +33,24 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 @dataclass(frozen=True)
 class Constraint:
-    """What the worker gets: the grammar, and how the answer carries tool calls."""
+    """What the worker gets: the grammar, and how the answer carries tool calls (which the
+    worker finds, and where parallel calls are not allowed cuts to the first)."""
 
     grammar: str | None = None
     calls: str = ""  # "", "auto", "named", "list" (see worker/toolcalls.py)
     call_name: str = ""
+    parallel: bool = True
 
     def params(self) -> dict[str, Any]:
-        return {"grammar": self.grammar, "calls": self.calls, "call_name": self.call_name}
+        return {
+            "grammar": self.grammar,
+            "calls": self.calls,
+            "call_name": self.call_name,
+            "parallel_calls": self.parallel,
+        }
 
 
-def constraint(
+async def constraint(
     tools: dict[str, dict[str, Any] | None],
     choice: str,
     name: str = "",
@@ -48,11 +59,13 @@ def constraint(
 ) -> Constraint:
     """The grammar and tool-call mode of any dialect's request; ApiError if a schema cannot
     compile. `tools`: each function's parameters schema by name; `choice`: `none`, `auto`,
-    `required`, or `named` (the function `name`); `schema`: what a JSON answer must match
-    (`ANY_OBJECT` for any JSON object), None for free text."""
+    `required`, or `named` (the function `name`); `parallel`: more than one call allowed;
+    `schema`: what a JSON answer must match (`ANY_OBJECT` for any JSON object), None for
+    free text."""
     if choice == "named":
         params = tools[name] or ANY_OBJECT
-        return Constraint(grammar(params, f"tools.{name}.parameters"), "named", name)
+        compiled = await grammar_off_loop(params, f"tools.{name}.parameters")
+        return Constraint(compiled, "named", name)
     if choice == "required":
         calls = {
             "type": "array",
@@ -61,10 +74,12 @@ def constraint(
         }
         if not parallel:
             calls["maxItems"] = 1
-        return Constraint(grammar(calls, "tools"), "list")
+        return Constraint(await grammar_off_loop(calls, "tools"), "list", parallel=parallel)
     if choice == "auto":
-        return Constraint(calls="auto")
-    return Constraint() if schema is None else Constraint(grammar(schema, "response_format"))
+        return Constraint(calls="auto", parallel=parallel)
+    if schema is None:
+        return Constraint()
+    return Constraint(await grammar_off_loop(schema, "response_format"))
 
 
 def _call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
@@ -74,6 +89,11 @@ def _call_schema(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+
+
+async def grammar_off_loop(schema: dict[str, Any], where: str) -> str:
+    """`grammar`, on a thread: the event loop goes on serving the other requests."""
+    return await asyncio.to_thread(grammar, schema, where)
 
 
 def grammar(schema: dict[str, Any], where: str) -> str:

@@ -51,6 +51,7 @@ class Generate(_Msg):
     tools: list[dict[str, Any]] | None = None  # for the chat template
     calls: str = ""  # tool calls: "" none, "auto" the model's format, "list" or "named" forced
     call_name: str = ""  # the function a "named" answer's arguments are for
+    parallel_calls: bool = True  # False: the answer's first tool call only (toolcalls.py)
     images: list[bytes] = []  # encoded, validated and downscaled by the front, in part order
     resume: list[int] = []  # after a fault: the answer's tokens the client already has
     ignore_eos: bool = False  # end tokens suppressed: exactly max_tokens tokens (the canary)

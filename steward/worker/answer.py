@@ -48,7 +48,7 @@ class Answer:
         calls: ToolCalls | None,
         split: ReasoningSplit | None = None,
     ) -> None:
-        forced = calls is not None and calls.mode != "auto"  # its JSON is no text to cut
+        forced = calls is not None and calls.forced  # its JSON is no text to cut
         self.detokenizer = detokenizer
         self.stops = StopMatcher([] if forced else stops)
         self.calls = calls

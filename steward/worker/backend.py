@@ -26,7 +26,7 @@ from steward.worker.injection import Injector
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Logprobs
 from steward.worker.reasoning import ReasoningSplit, split_for
-from steward.worker.toolcalls import ToolCalls
+from steward.worker.toolcalls import FORCED, ToolCalls
 
 # What templating and tokenising raise for a request they cannot handle (a template's
 # `raise_exception`, a role it does not know): that request's 400, never a backend fault.
@@ -102,13 +102,18 @@ class Shaping:
 
     def tool_calls(self, req: Generate) -> ToolCalls | None:
         """How the answer's tool calls are found, if it may make any."""
-        if req.calls in ("named", "list"):
-            return ToolCalls(req.calls, req.call_name)
+        if req.calls in FORCED:
+            return ToolCalls(req.calls, req.call_name, parallel=req.parallel_calls)
         tokenizer = self.tokenizer
         if req.calls != "auto" or not tokenizer.has_tool_calling:
             return None
-        markers = (tokenizer.tool_call_start, tokenizer.tool_call_end or "")
-        return ToolCalls("auto", markers=markers, parser=tokenizer.tool_parser, tools=req.tools)
+        return ToolCalls(
+            "auto",
+            markers=(tokenizer.tool_call_start, tokenizer.tool_call_end or ""),
+            parser=tokenizer.tool_parser,
+            tools=req.tools,
+            parallel=req.parallel_calls,
+        )
 
 
 class Backend(Shaping):

@@ -8,6 +8,13 @@
   grammar), streamed as they come.
 - `list`: the whole answer is a JSON list of `{"name", "arguments"}` (enforced by the
   grammar), each call streamed as it comes (`Listed`).
+
+Two rules about the answer hold here, once for every dialect (each only translates):
+a forced answer's text (`named`, `list`) is the calls' JSON and never content, so a list
+cut short before its first call's name is whole is no call and no text (not the grammar's
+`[{"name":"get`); and a request that allows no parallel calls gets its first call only
+(the model may still write more in its own format: they are dropped, and the answer still
+ends `tool_calls`).
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from typing import Any
 
 from steward.wire.protocol import CallDelta
 from steward.worker.stops import overlap
+
+FORCED = ("named", "list")  # the modes whose whole answer is a call (a grammar's)
 
 Parser = Callable[[str, Any], Any]
 Split = tuple[str, list[CallDelta]]
@@ -31,9 +40,11 @@ class ToolCalls:
         markers: tuple[str, str] | None = None,
         parser: Parser | None = None,
         tools: Any = None,
+        parallel: bool = True,
     ) -> None:
         self.mode = mode
         self.name = name
+        self.parallel = parallel  # False: the first call only
         self.start, self.end = markers or ("", "")
         self.parser = parser
         self.tools = tools
@@ -44,15 +55,36 @@ class ToolCalls:
 
     @property
     def made(self) -> bool:
+        """A call was begun (dropped ones included: the answer is still a call)."""
         return self.count > 0
 
+    @property
+    def forced(self) -> bool:
+        """The whole answer is a call: its text is the call's JSON, never content."""
+        return self.mode in FORCED
+
     def feed(self, text: str) -> Split:
+        content, calls = self._found(text)
+        return content, self._kept(calls)
+
+    def finish(self) -> Split:
+        """The answer ended: what is still held (a call whose format has no end marker)."""
+        rest, self.pending = self.pending, ""  # none in a forced mode: no text is content
+        if self.inside:
+            self.inside = False
+            content, calls = self._parsed(rest, "")
+            return content, self._kept(calls)
+        return rest, []
+
+    def _kept(self, calls: list[CallDelta]) -> list[CallDelta]:
+        """The calls the client gets: all, or the first alone."""
+        return calls if self.parallel else [call for call in calls if call.index == 0]
+
+    def _found(self, text: str) -> Split:
         if self.mode == "named":
             return "", self._named(text)
-        if self.mode == "list":  # the text is kept only while it may end as content
-            deltas = self._begun(self.listed.feed(text))
-            self.pending = "" if self.made else self.pending + text
-            return "", deltas
+        if self.mode == "list":
+            return "", self._begun(self.listed.feed(text))
         self.pending += text
         content, calls = "", []
         while self.pending:
@@ -75,16 +107,6 @@ class ToolCalls:
             content, self.pending = content + self.pending[:cut], self.pending[cut:]
             break
         return content, calls
-
-    def finish(self) -> Split:
-        """The answer ended: what is still held (a call whose format has no end marker)."""
-        rest, self.pending = self.pending, ""
-        if self.mode == "list":  # a list cut short that began no call: its text, as content
-            return ("", []) if self.made else (rest, [])
-        if self.inside:
-            self.inside = False
-            return self._parsed(rest, "")
-        return rest, []
 
     def _named(self, text: str) -> list[CallDelta]:
         if not text:

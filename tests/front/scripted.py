@@ -5,7 +5,8 @@ in process, with no worker.
 `queue_error`, `retry_after`, `status`, `source.model_id`, `context_length`, `started_at`).
 Each submitted job is answered by `script(job)`: the events to deliver (`Token`s, then a
 `Done`, or an `ApiError`), or an `ApiError` raised at submit. `client()` is a Starlette
-`TestClient` over `create_app` with it.
+`TestClient` over `create_app` with it. `forced()` scripts a forced tool call's answer
+through the worker's own rules (worker/toolcalls.py), as the request asked for it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from steward.front.app import create_app
 from steward.ops.metrics import Metrics
 from steward.supervisor.state import State
 from steward.wire.protocol import CallDelta, Done, Generate, Logprob, Token
+from steward.worker.answer import Answer
+from steward.worker.toolcalls import FORCED, ToolCalls
 
 MODEL = "scripted-model"
 
@@ -66,6 +69,25 @@ def done(completion: int = 1, finish: str = "stop", prompt: int = 5) -> Done:
 def says(*pieces: str, finish: str = "stop") -> list[Token | Done | ApiError]:
     """An answer of these tokens' text."""
     return [*(Token(0, i, text) for i, text in enumerate(pieces)), done(len(pieces), finish)]
+
+
+def forced(
+    job: ScriptedJob, *pieces: str, finish: str = "stop", completion: int = 0
+) -> list[Token | Done]:
+    """A forced tool call's answer of the model's text in these pieces, as the worker
+    sends it for the job's request: the calls found and the rules about the answer applied
+    by the worker's own `Answer`, in the mode, name and parallel calls the front asked.
+    `completion`: the tokens it took (0: a token a piece)."""
+    request = job.request
+    assert request.calls in FORCED, "not a forced call: the front asked for none"
+    calls = ToolCalls(request.calls, request.call_name, parallel=request.parallel_calls)
+    answer = Answer(None, request.stop, calls)  # fed text, it needs no detokenizer
+    events: list[Token | Done] = []
+    for i, text in enumerate(pieces):
+        piece = answer.feed_text(text, finish if i == len(pieces) - 1 else None)
+        events.append(piece.token(0, i, None))
+    assert piece.finish is not None
+    return [*events, done(completion or len(pieces), piece.finish)]
 
 
 Script = Callable[[ScriptedJob], list[Token | Done | ApiError]]

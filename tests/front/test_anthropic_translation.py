@@ -14,7 +14,7 @@ from steward.errors import ApiError
 from steward.front.dialects import anthropic_answer
 from steward.front.dialects.anthropic_answer import signature
 from steward.wire.protocol import CallDelta, Done, Token
-from tests.front.scripted import MODEL, client, done, says
+from tests.front.scripted import MODEL, client, done, forced, says
 
 ASK = [{"role": "user", "content": "hi"}]
 BODY: dict[str, Any] = {"max_tokens": 16, "messages": ASK}
@@ -387,11 +387,13 @@ def test_a_stop_string_is_named_whole_and_streamed() -> None:
 
 def test_tool_calls_are_tool_use_blocks_whole_and_streamed() -> None:
     def calls(job):
+        # the worker keeps the first call alone where the request allows no parallel calls
+        second = [CallDelta(1, "get_time", "{}")] if job.request.parallel_calls else []
         return [
             Token(0, 1, "Let me look."),
             Token(0, 2, "", calls=[CallDelta(0, "get_weather", '{"city": ')]),
             Token(0, 3, "", calls=[CallDelta(0, None, '"Paris"}')]),
-            Token(0, 4, "", calls=[CallDelta(1, "get_time", "{}")]),
+            Token(0, 4, "", calls=second),
             done(4, "tool_calls"),
         ]
 
@@ -418,13 +420,10 @@ def test_tool_calls_are_tool_use_blocks_whole_and_streamed() -> None:
 
 
 def test_a_forced_calls_text_is_never_content() -> None:
-    def forced(job):
-        return [
-            Token(0, 1, '{"city"', calls=[CallDelta(0, "get_weather", '{"city"')]),
-            done(16, "length"),
-        ]
+    def cut(job):
+        return forced(job, '{"city"', finish="length", completion=16)
 
-    http, _ = client(forced)
+    http, _ = client(cut)
     body = BODY | {"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}
     message = http.post("/v1/messages", json=body).json()
     assert [b["type"] for b in message["content"]] == ["tool_use"]

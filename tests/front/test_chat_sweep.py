@@ -11,7 +11,7 @@ import pytest
 
 from steward.wire.protocol import CallDelta, Token
 from tests.conftest import function_tool
-from tests.front.scripted import client, done, says
+from tests.front.scripted import client, done, forced, says
 
 CHAT = {"messages": [{"role": "user", "content": "Weather in Paris?"}]}
 WEATHER = function_tool("get_weather", "The weather in a city.", {"city": {"type": "string"}})
@@ -113,8 +113,10 @@ def test_functions_and_tools_together_are_refused() -> None:
 
 
 def cut_before_the_name(job):
-    """What the worker sends for a `list` answer cut by max_tokens before a name closed."""
-    return [Token(0, -1, '[{"name":"get'), done(3, "length")]
+    """A forced answer cut by max_tokens before a call's name is whole (a named call's:
+    before any of its text is, the detokenizer holding it still), as the worker sends it."""
+    text = '[{"name":"get' if job.request.calls == "list" else ""
+    return forced(job, text, finish="length", completion=3)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from steward.errors import ApiError
 from steward.front.dialects.responses_input import ENCRYPTED
 from steward.front.dialects.responses_store import ResponseStore, Stored
 from steward.wire.protocol import CallDelta, Token
-from tests.front.scripted import MODEL, client, done, says
+from tests.front.scripted import MODEL, client, done, forced, says
 
 WEATHER = {
     "type": "function",
@@ -138,15 +138,13 @@ def test_a_function_call_is_an_item_whose_arguments_stream() -> None:
 
 
 def test_a_forced_call_never_shows_its_grammar_text() -> None:
-    def forced(job):
+    def call(job):
         text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
-        return [
-            Token(0, 0, text[:12], calls=[CallDelta(0, "get_weather", "")]),
-            Token(0, 1, text[12:], calls=[CallDelta(0, None, '{"city": "Paris"}')]),
-            done(2, "tool_calls"),
-        ]
+        if job.request.calls == "named":
+            text = '{"city": "Paris"}'
+        return forced(job, text[:12], text[12:])
 
-    http, supervisor = client(forced)
+    http, supervisor = client(call)
     ask = {"input": "Weather?", "tools": [WEATHER], "tool_choice": "required"}
     body = http.post("/v1/responses", json=ask).json()
     assert [item["type"] for item in body["output"]] == ["function_call"]

@@ -69,10 +69,36 @@ def test_arguments_before_the_name_wait_for_it() -> None:
     assert found == [{"name": "f", "arguments": '{"a": [1, {"b": "}"}]}'}] and deltas == 1
 
 
-def test_a_list_cut_before_any_call_stays_content() -> None:
+def test_a_list_cut_before_any_call_is_no_content() -> None:
+    """A forced answer's text is the grammar's JSON, never content: cut by max_tokens before
+    its first call's name is whole, it is no call and no text (not `[{"na`)."""
     calls = ToolCalls("list")
     assert calls.feed('[{"na') == ("", [])
-    assert calls.finish() == ('[{"na', []) and not calls.made
+    assert calls.finish() == ("", []) and not calls.made
+    answer = Answer(None, [], ToolCalls("list"))
+    assert answer.feed_text('[{"name":"get', "length") == ("", "", [], "length")
+
+
+def json_calls(body: str, tools: object) -> object:
+    """A parser for calls written as JSON between the markers (as Qwen's format is)."""
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_without_parallel_calls_only_the_first_comes(parallel: bool) -> None:
+    """A request that allows no parallel calls gets the first; the model may still write
+    more (in its own format, which no grammar bounds): they are dropped, and the answer is
+    still a call."""
+    written = "Looking." + "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in CALLS)
+    markers = ("<tool_call>", "</tool_call>")
+    auto = ToolCalls("auto", markers=markers, parser=json_calls, parallel=parallel)
+    text, _, found, finish = Answer(None, [], auto).feed_text(written, "stop")
+    assert text == "Looking." and finish == "tool_calls"
+    assert [c.name for c in found] == ["get_weather", "get_time"][: 2 if parallel else 1]
+    listed = ToolCalls("list", parallel=parallel)
+    found, _ = reassembled(listed, json.dumps(CALLS), [30, 90])
+    assert [c["name"] for c in found] == ["get_weather", "get_time"][: 2 if parallel else 1]
+    assert listed.made and listed.count == 2
 
 
 def test_only_a_call_s_own_keys_name_it() -> None:

@@ -24,7 +24,6 @@ and the `anthropic-version` / `anthropic-beta` headers (accepted, no effect).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import Request, Response
@@ -92,16 +91,15 @@ def responses(obj: str, streams: bool) -> dict[int | str, dict[str, Any]]:
 router = dialect_router()
 
 
-def fitted(body: MessagesPrompt) -> Constraint:
+async def fitted(body: MessagesPrompt) -> Constraint:
     """The grammar and tool-call mode (structured.py)."""
     tools = {tool.name: tool.input_schema or ANY_OBJECT for tool in body.tools or []}
     choice = body.choice()
     if choice == "tool":
         assert body.tool_choice is not None and body.tool_choice.name is not None
-        return constraint(tools, "named", body.tool_choice.name)
-    if choice == "any":
-        return constraint(tools, "required", parallel=not body.single_call)
-    return constraint(tools, choice, schema=body.schema())
+        return await constraint(tools, "named", body.tool_choice.name)
+    choice = "required" if choice == "any" else choice
+    return await constraint(tools, choice, parallel=not body.single_call, schema=body.schema())
 
 
 async def prompt(request: Request, model: str, body: MessagesPrompt) -> dict[str, Any]:
@@ -145,9 +143,7 @@ def _check_context_management(request: Request, body: MessagesPrompt) -> None:
 async def messages(request: Request, body: MessagesRequest) -> Response:
     """An Anthropic `message`, or with `stream: true` its server-sent events."""
     model = served_model(request, body.model)
-    shape = Constraint()
-    if body.tools or body.constrained:
-        shape = await asyncio.to_thread(fitted, body)  # off the event loop
+    shape = await fitted(body)
     params = await prompt(request, model, body)
     params |= shape.params() | body.sampling() | {"max_tokens": max(body.max_tokens, 1)}
     ask = Ask.of(params, body.prompt_chars(), body.stream, fit_context=body.max_tokens > 0)
@@ -155,8 +151,6 @@ async def messages(request: Request, body: MessagesRequest) -> Response:
         model,
         request.state.request_id,
         body.max_tokens,
-        forced=shape.calls in ("list", "named"),
-        single_call=body.single_call,
         omit_thinking=bool(body.thinking and body.thinking.display == "omitted"),
     )
     return await exchange(request, model, ask, answer)

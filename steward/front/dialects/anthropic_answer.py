@@ -54,15 +54,11 @@ class MessageAnswer(Answer):
         request_id: str,
         max_tokens: int,
         *,
-        forced: bool = False,
-        single_call: bool = False,
         omit_thinking: bool = False,
     ) -> None:
         self.model = model
         self.id = "msg_" + request_id[:48]
         self.max_tokens = max_tokens  # the client's; 0 warms the cache and answers nothing
-        self.forced = forced  # the answer's text is a forced call's JSON: never content
-        self.single_call = single_call  # disable_parallel_tool_use: the first call only
         self.omit_thinking = omit_thinking  # display: omitted
         self.blocks = BlockStream(omit_thinking)
 
@@ -77,7 +73,7 @@ class MessageAnswer(Answer):
                 content.append(
                     {"type": "thinking", "thinking": shown, "signature": signature(thinking)}
                 )
-            if (text := "".join(job.text)) and not self.forced:
+            if text := "".join(job.text):
                 content.append({"type": "text", "text": text})
             content += [_tool_use(name, arguments) for name, arguments in self._calls(job.calls)]
         return {
@@ -104,8 +100,6 @@ class MessageAnswer(Answer):
     def _calls(self, parts: list[CallDelta]) -> list[tuple[str, str]]:
         calls: dict[int, list[str]] = {}
         for part in parts:
-            if part.index > 0 and self.single_call:
-                continue
             call = calls.setdefault(part.index, ["", ""])
             call[0] += part.name or ""
             call[1] += part.arguments
@@ -143,12 +137,9 @@ class MessageAnswer(Answer):
     def delta(self, index: int, token: Token, first: bool) -> list[str]:
         if not self.max_tokens:
             return []
-        frames = self.blocks.thinking(token.reasoning)
-        if not self.forced:
-            frames += self.blocks.text(token.text)
+        frames = self.blocks.thinking(token.reasoning) + self.blocks.text(token.text)
         for part in token.calls:
-            if not (part.index > 0 and self.single_call):
-                frames += self.blocks.call(part)
+            frames += self.blocks.call(part)
         return frames
 
     def finished(self, index: int, done: Done, first: bool) -> list[str]:

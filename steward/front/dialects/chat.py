@@ -5,16 +5,14 @@ A thinking model's thinking is `reasoning_content`, beside `content`, in the mes
 the deltas (where a thinking delta's `content` is null, as DeepSeek's API writes it); its
 tokens are counted in `usage.completion_tokens_details.reasoning_tokens`.
 
-A forced tool call (`tool_choice` `required` or named) is an answer whose whole text is
-the call's JSON, which the worker turns into `tool_calls`: that text is never content, so
-an answer cut by `max_tokens` before its first call's name is whole is empty content
-(`finish_reason` `length`), not the grammar's `[{"name":"get`. A legacy request
-(`functions`) is answered in the legacy shape: `function_call` and its finish reason.
+A forced tool call (`tool_choice` `required` or named) and `parallel_tool_calls` are the
+worker's to carry out (worker/toolcalls.py): a forced call's text is never content, and
+without parallel calls only the first comes back. A legacy request (`functions`) is
+answered in the legacy shape: `function_call` and its finish reason.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from typing import Any
 
@@ -29,10 +27,8 @@ from steward.front.structured import ANY_OBJECT, Constraint, constraint
 from steward.supervisor.jobs import Job
 from steward.wire.protocol import CallDelta, Done, Logprob, Token
 
-FORCED = ("list", "named")  # tool-call modes whose whole answer is a call
 
-
-def chat_constraint(body: ChatRequest) -> Constraint:
+async def chat_constraint(body: ChatRequest) -> Constraint:
     """The request's grammar and tool-call mode (structured.py)."""
     choice = body.choice()
     tools = {tool.function.name: tool.function.parameters for tool in body.tools or []}
@@ -41,8 +37,8 @@ def chat_constraint(body: ChatRequest) -> Constraint:
         given = body.response_format.json_schema
         schema = (given.schema_ if given else None) or ANY_OBJECT
     if isinstance(choice, NamedTool):
-        return constraint(tools, "named", choice.function.name)
-    return constraint(tools, choice, parallel=body.parallel_tool_calls, schema=schema)
+        return await constraint(tools, "named", choice.function.name)
+    return await constraint(tools, choice, parallel=body.parallel_tool_calls, schema=schema)
 
 
 class ChatAnswer(OpenAIAnswer):
@@ -50,15 +46,13 @@ class ChatAnswer(OpenAIAnswer):
     chunk_object = "chat.completion.chunk"
     prefix = "chatcmpl-"
 
-    def __init__(self, model: str, request_id: str, body: ChatRequest, forced: bool) -> None:
+    def __init__(self, model: str, request_id: str, body: ChatRequest) -> None:
         super().__init__(model, request_id, body.include_usage(), body.logprobs)
-        self.parallel_calls = body.parallel_tool_calls
         self.legacy = body.legacy
-        self.forced = forced
         self.call_ids: dict[tuple[int, int], str] = {}  # (choice, call) -> id
 
     def choice(self, index: int, job: Job, done: Done) -> dict[str, Any]:
-        text = "" if self.forced else "".join(job.text)
+        text = "".join(job.text)
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if job.reasoning:
             message["reasoning_content"] = "".join(job.reasoning)
@@ -69,12 +63,12 @@ class ChatAnswer(OpenAIAnswer):
         return {"index": index, "message": message, "logprobs": logprobs, **self._finish(done)}
 
     def delta(self, index: int, token: Token, first: bool) -> list[str]:
-        text = "" if self.forced else token.text
+        text = token.text
         calls = self._calls(index, token.calls, stream=True)
         logprobs = self._logprobs([token.logprob]) if token.logprob else None
         thinking = token.reasoning
         if not (first or text or thinking or calls or logprobs):
-            return []  # a forced call's text: nothing the client may see
+            return []  # nothing in it for the client
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if thinking:
             delta["reasoning_content"] = thinking
@@ -111,8 +105,6 @@ class ChatAnswer(OpenAIAnswer):
         shaped: list[dict[str, Any]] = []
         whole: dict[int, dict[str, Any]] = {}
         for part in parts:
-            if part.index > 0 and not self.parallel_calls:
-                continue
             if not stream and part.index in whole:
                 whole[part.index]["function"]["arguments"] += part.arguments
                 continue
@@ -141,11 +133,9 @@ router = dialect_router()
 async def chat_completions(request: Request, body: ChatRequest) -> Response:
     model = served_model(request, body.model)
     n = choices(request, body)
-    fitted = Constraint()
-    if body.tools or body.structured():
-        fitted = await asyncio.to_thread(chat_constraint, body)  # off the event loop
+    fitted = await chat_constraint(body)
     pictures = await images(request, body.image_urls(), model)
     params = body.params() | fitted.params() | {"images": pictures}
     ask = Ask.of(params, body.prompt_chars(), body.stream, n)
-    answer = ChatAnswer(model, request.state.request_id, body, fitted.calls in FORCED)
+    answer = ChatAnswer(model, request.state.request_id, body)
     return await exchange(request, model, ask, answer)

@@ -8,7 +8,10 @@ and in delivery.py once, so every guarantee holds in every dialect at once: the 
 name, the API key, the digest that quarantine keys on, the default `max_tokens` cap
 (here); waiting within the queue and request deadlines, a stream that starts only once
 its first token exists, a client that hangs up cancelling its jobs, and the access log's
-model, error type and token counts (delivery.py).
+model, error type and token counts (delivery.py). The rules about the answer itself are
+the worker's, once (worker/toolcalls.py): a forced call's text is never content, and a
+request that allows no parallel calls gets its first call only; a grammar is compiled off
+the event loop in one place (structured.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ ordinary error responses in the SPEC §4 envelope, which the OpenAI SDK reads.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,6 @@ from steward.front.structured import ANY_OBJECT, Constraint, constraint
 from steward.supervisor.jobs import Job
 from steward.wire.protocol import Done, Token
 
-FORCED = ("list", "named")  # tool-call modes whose whole answer is a call
 ITEM_IDS = {
     "message": "msg",
     "function_call": "fc",
@@ -82,15 +80,14 @@ GONE = (
 )
 
 
-def responses_constraint(body: ResponsesRequest) -> Constraint:
+async def responses_constraint(body: ResponsesRequest) -> Constraint:
     """The request's grammar and tool-call mode (structured.py)."""
     choice = body.choice()
     tools = {tool.name: tool.parameters for tool in body.allowed()}
     if isinstance(choice, FunctionChoice):
-        return constraint(tools, "named", choice.name)
+        return await constraint(tools, "named", choice.name)
     schema = (body.format().schema_ or ANY_OBJECT) if body.structured() else None
-    parallel = body.parallel_tool_calls is not False
-    return constraint(tools, choice, parallel=parallel, schema=schema)
+    return await constraint(tools, choice, parallel=body.parallel(), schema=schema)
 
 
 class ResponsesAnswer(Answer):
@@ -100,7 +97,6 @@ class ResponsesAnswer(Answer):
         self,
         model: str,
         body: ResponsesRequest,
-        forced: bool,
         keep: Callable[[dict[str, Any]], bool],
     ) -> None:
         self.id = new_id("resp")
@@ -108,10 +104,7 @@ class ResponsesAnswer(Answer):
         self.model = model
         self.body = body
         self.keep = keep
-        self.parallel = body.parallel_tool_calls is not False
         self.output = Output(
-            forced=forced,
-            parallel=self.parallel,
             logprobs=body.includes("message.output_text.logprobs"),
             encrypted=body.includes("reasoning.encrypted_content"),
             namespaced=body.namespaced(),
@@ -135,7 +128,7 @@ class ResponsesAnswer(Answer):
             "max_tool_calls": body.max_tool_calls,
             "model": self.model,
             "output": self.output.items,
-            "parallel_tool_calls": self.parallel,
+            "parallel_tool_calls": body.parallel(),
             "previous_response_id": body.previous_response_id,
             "prompt_cache_key": body.prompt_cache_key,
             "reasoning": {
@@ -263,9 +256,7 @@ async def create(request: Request, body: ResponsesRequest) -> Response:
             "validation_error", "input: give the input, a string or items", param="input"
         )
     conversation = read(body.instructions, [*history, *items])
-    fitted = Constraint()
-    if body.tools or body.structured():
-        fitted = await asyncio.to_thread(responses_constraint, body)  # off the event loop
+    fitted = await responses_constraint(body)
     choice = body.choice()
     tools = [tool.for_template() for tool in body.allowed()] if choice != "none" else None
     logprobs = (body.top_logprobs or 0) if body.includes("message.output_text.logprobs") else -1
@@ -287,7 +278,7 @@ async def create(request: Request, body: ResponsesRequest) -> Response:
             return False
         return store.put(Stored(response, items, history))
 
-    answer = ResponsesAnswer(model, body, fitted.calls in FORCED, keep)
+    answer = ResponsesAnswer(model, body, keep)
     return await exchange(request, model, ask, answer)
 
 

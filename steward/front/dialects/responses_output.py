@@ -12,10 +12,10 @@ stream resumed after a worker fault goes on feeding the same `Output` (the super
 continues the same answer), so the numbers continue with no gap and no repeat, and the
 open item just goes on: one unbroken stream.
 
-A forced tool call's answer is the call's JSON, which the worker turns into call parts:
-that text is never output (as in chat.py). A call to a namespace's function (the model
-calls it by its flat name) is a `function_call` item with its `namespace` and `name` apart,
-as OpenAI's API writes it and Codex dispatches it.
+The worker carries out the rules about the answer (worker/toolcalls.py): a forced call's
+text is never output, and without parallel calls only the first comes. A call to a
+namespace's function (the model calls it by its flat name) is a `function_call` item with
+its `namespace` and `name` apart, as OpenAI's API writes it and Codex dispatches it.
 """
 
 from __future__ import annotations
@@ -37,15 +37,11 @@ class Output:
     def __init__(
         self,
         *,
-        forced: bool,
-        parallel: bool,
         logprobs: bool,
         encrypted: bool,
         namespaced: dict[str, tuple[str, str]] | None = None,
     ) -> None:
-        self.forced = forced
         self.namespaced = namespaced or {}  # a flat name -> its namespace and name
-        self.parallel = parallel
         self.logprobs = logprobs
         self.encrypted = encrypted  # `include` asked for `reasoning.encrypted_content`
         self.items: list[dict[str, Any]] = []
@@ -73,11 +69,10 @@ class Output:
             self.held += [logprob_entry(entry) for entry in logprobs]
         if reasoning:
             self._think(reasoning)
-        if text and not self.forced:
+        if text:
             self._say(text)
         for part in calls:
-            if part.index == 0 or self.parallel:
-                self._call(part)
+            self._call(part)
 
     def finish(self, done: Done) -> None:
         """The answer ended: its last item closes, incomplete if the token budget cut it."""

@@ -483,6 +483,10 @@ class ResponsesRequest(Schema):
     def structured(self) -> bool:
         return self.format().type != "text"
 
+    def parallel(self) -> bool:
+        """More than one tool call allowed: OpenAI's default, unless `false`."""
+        return self.parallel_tool_calls is not False
+
     def includes(self, what: str) -> bool:
         return what in (self.include or [])
 
