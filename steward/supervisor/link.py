@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from steward.ranks import spawn_worker
 from steward.supervisor.faults import Fault, FaultClass, classify, describe_exit
-from steward.wire.process import WorkerProcess
+from steward.wire.process import Worker
 from steward.wire.protocol import (
     Done,
     Failed,
@@ -58,7 +59,7 @@ class FaultError(Exception):
 
 
 class WorkerLink:
-    def __init__(self, worker: WorkerProcess, generation: int) -> None:
+    def __init__(self, worker: Worker, generation: int) -> None:
         self.worker = worker
         self.generation = generation
         self.heartbeat = self.progress = time.monotonic()
@@ -74,7 +75,7 @@ class WorkerLink:
 
     @classmethod
     async def spawn(cls, settings: WorkerSettings) -> WorkerLink:
-        return cls(await WorkerProcess.spawn(settings), settings.generation)
+        return cls(await spawn_worker(settings), settings.generation)
 
     @property
     def pid(self) -> int:
@@ -87,6 +88,11 @@ class WorkerLink:
         """Send a request; what the worker says of it goes to `sink`."""
         self.sinks[req.id] = sink
         self.worker.send(req)
+
+    @property
+    def ranks(self) -> list[dict[str, object]]:
+        """The worker's ranks, where it is a group of them (ranks/group.py)."""
+        return self.worker.state()
 
     @property
     def alive(self) -> bool:

@@ -148,6 +148,7 @@ class Supervisor:
             self.bringup.model.device_bytes,
             dict(self.bringup.phases),
             self.suspicions.summary(),
+            link.ranks if link else [],
         )
 
     # -- the loop ---------------------------------------------------------------------
