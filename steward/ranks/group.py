@@ -205,9 +205,10 @@ class RankGroup:
                 return f"{name} {_ended(rank.process.exitcode)}"
             if rank.joined and now - rank.pulse > SILENCE:
                 return f"{name} silent for {now - rank.pulse:.1f} s (hung)"
-        late = [rank.place.rank for rank in self.ranks if not rank.joined]
+        late = [str(rank.place.rank) for rank in self.ranks if not rank.joined]
         if late and now - self.started > self.join_timeout:
-            return f"rank {late} did not join within {self.join_timeout:.0f} s"
+            named = f"rank {late[0]}" if len(late) == 1 else f"ranks {', '.join(late)}"
+            return f"{named} did not join within {self.join_timeout:.0f} s"
         return None
 
 
