@@ -30,7 +30,7 @@ def fresh_ports(count: int, host: str = LOCAL) -> list[int]:
             sock.close()
 
 
-def places(size: int, backend: str, folder: Path) -> list[RankPlace]:
+def form(size: int, backend: str, folder: Path) -> list[RankPlace]:
     """Each local rank's place in a new group, its hostfile written in `folder`."""
     hostfile = folder / "hostfile.json"
     hostfile.write_text(json.dumps([[f"{LOCAL}:{port}"] for port in fresh_ports(size)]))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from steward.ranks import formation
+from steward.ranks.formation import LOCAL, form
 from steward.wire.channel import AsyncChannel
 from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
 from steward.wire.ranks import PULSE, RankPlace
@@ -93,7 +93,7 @@ class RankGroup:
     async def spawn(cls, settings: WorkerSettings) -> RankGroup:
         """Every rank started, on fresh ports; none has joined yet."""
         folder = Path(tempfile.mkdtemp(prefix="steward-ranks-"))
-        places = formation.places(settings.ranks, settings.distributed_backend, folder)
+        places = form(settings.ranks, settings.distributed_backend, folder)
         ours, theirs = socket.socketpair()
         feeds = [socket.socketpair() for _ in places[1:]]
         lines = [socket.socketpair() for _ in places]
@@ -108,7 +108,7 @@ class RankGroup:
             )
             process.daemon = True
             process.start()
-            ranks.append(Rank(place, process, formation.LOCAL))
+            ranks.append(Rank(place, process, LOCAL))
         for sock in [theirs, *(s for pair in feeds for s in pair), *(s for _, s in lines)]:
             sock.close()
         group = cls(ranks, await AsyncChannel.open(ours), folder, settings.rank_join_timeout)

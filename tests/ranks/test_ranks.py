@@ -32,7 +32,7 @@ SERVING = ("ready", "degraded")
 
 @pytest.fixture(scope="module")
 def group(tiny_model: Path) -> Iterator[Server]:
-    server = Server(["--model", str(tiny_model), "--ranks", "2"])
+    server = Server(["--model", str(tiny_model), "--ranks", "2", "--queue-timeout", "120"])
     server.wait()
     yield server
     server.stop()
@@ -135,6 +135,20 @@ def test_sigstop_of_rank_1_is_seen_within_its_bound(group: Server) -> None:
     until(lambda: gone(old[1]["pid"]), 10, "the stopped rank killed and reaped")
     assert gone(old[0]["pid"])
     assert f"rank 1 (pid {old[1]['pid']}) silent for" in group.output()
+
+
+def test_the_field_reports_loop_after_a_rank_fault(group: Server) -> None:
+    """The field report's 70 requests, sent as rank 1 dies: each waits for the new group
+    and is answered."""
+    generation = group.health().json()["worker"]["generation"]
+    os.kill(ranks(group)[1]["pid"], signal.SIGKILL)
+    body = {"prompt": "Count on.", "max_tokens": 4, "temperature": 0}
+    statuses = [
+        httpx.post(group.url + "/v1/completions", json=body, timeout=180).status_code
+        for _ in range(70)
+    ]
+    assert statuses == [200] * 70
+    assert group.health().json()["worker"]["generation"] > generation
 
 
 def test_a_rank_that_never_joins_fails_the_bring_up(serve, tiny_model: Path) -> None:
