@@ -145,10 +145,13 @@ class Relayed:
         return taken
 
     def _send(self, frames: list[bytes]) -> None:
-        for feed in self.feeds:
-            feed.send(str(len(frames)).encode())
-            for payload in frames:
-                feed.send(payload)
+        try:
+            for feed in self.feeds:
+                feed.send(str(len(frames)).encode())
+                for payload in frames:
+                    feed.send(payload)
+        except OSError:
+            os._exit(EX_FAULTED)  # a rank is gone: the group is faulted
 
 
 class Fed:
