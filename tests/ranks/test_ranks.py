@@ -61,10 +61,26 @@ def completion(url: str, prompt: str, stream_it: bool) -> str:
     return text
 
 
-def chat(url: str, prompt: str) -> str:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 16, "temperature": 0}
-    reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
-    return reply["choices"][0]["message"]["content"]
+def dialects(url: str, prompt: str) -> dict[str, str]:
+    """The greedy answer to `prompt` in the chat, Anthropic and Responses dialects."""
+    model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+    said = [{"role": "user", "content": prompt}]
+    ask = {"model": model, "temperature": 0}
+    chat = httpx.post(
+        url + "/v1/chat/completions", json={**ask, "messages": said, "max_tokens": 16}, timeout=120
+    ).json()
+    anthropic = httpx.post(
+        url + "/v1/messages", json={**ask, "messages": said, "max_tokens": 16}, timeout=120
+    ).json()
+    responses = httpx.post(
+        url + "/v1/responses", json={**ask, "input": prompt, "max_output_tokens": 16}, timeout=120
+    ).json()
+    (message,) = [item for item in responses["output"] if item["type"] == "message"]
+    return {
+        "chat": chat["choices"][0]["message"]["content"],
+        "anthropic": anthropic["content"][0]["text"],
+        "responses": message["content"][0]["text"],
+    }
 
 
 def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path) -> None:
@@ -78,7 +94,9 @@ def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path
         assert len(expected) > 0
         assert completion(group.url, prompt, False) == expected
         assert completion(group.url, prompt, True) == expected
-        assert chat(group.url, prompt) == chat(one.url, prompt)
+        answers = dialects(one.url, prompt)
+        assert all(answers.values()), answers
+        assert dialects(group.url, prompt) == answers
         assert stream(group.url, prompt)["text"] == stream(one.url, prompt)["text"]
 
 
