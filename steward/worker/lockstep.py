@@ -21,6 +21,7 @@ exits; the supervisor kills every rank and forms the group again (ranks/group.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable
@@ -79,21 +80,28 @@ class Lockstep:
         self.pulse = pulse
         self.feeds = feeds  # rank 0's: to every other rank
 
-    def shard(self, backend: Backend | VisionBackend) -> None:
+    def shard(self, backend: Backend | VisionBackend) -> Backend:
         """Keep this rank's slice of every sharded layer (mlx-lm's `shard`, tensor
         parallel). ValueError (a configuration error: exit 78) where it cannot."""
         import mlx.core as mx
 
+        from steward.worker.backend import Backend
+
         model = backend.model
-        if not backend.batches or not hasattr(model, "shard"):
+        if not isinstance(backend, Backend) or not hasattr(model, "shard"):
             name = type(model).__module__.rsplit(".", 1)[-1]
             raise ValueError(f"a {name} model cannot be sharded over ranks (no shard())")
         size = self.group.size()
-        heads = [(layer.self_attn.n_heads, layer.self_attn.n_kv_heads) for layer in model.layers]
-        if any(q % size or kv % size for q, kv in heads):
+        heads = [
+            getattr(layer.self_attn, name, 0)
+            for layer in getattr(model, "layers", [])
+            for name in ("n_heads", "n_kv_heads")
+        ]
+        if any(count % size for count in heads):
             raise ValueError(f"the model's attention heads do not divide over {size} ranks")
         model.shard(self.group)
         mx.eval(model.parameters())
+        return backend
 
     def engine(self, backend: Backend, settings: WorkerSettings, given: Calibration) -> Engine:
         """The engine every rank builds alike, from rank 0's calibration."""
@@ -158,6 +166,7 @@ class Fed:
     """Another rank's inbox: what rank 0 took, in the order it took it."""
 
     def __init__(self, feed: socket.socket) -> None:
+        self.feed = feed
         self.channel = BlockingChannel(feed)
 
     def calibration(self) -> Calibration:
@@ -166,6 +175,13 @@ class Fed:
 
     def take(self, wait: bool) -> list[Any]:
         return [decode_to_worker(payload) for payload in self._record()]
+
+    def held(self, seconds: float) -> None:
+        """Wait for the feed to end (rank 0 gone), for at most `seconds`."""
+        self.feed.settimeout(seconds)
+        with contextlib.suppress(OSError):
+            while self.feed.recv(4096):
+                pass
 
     def _record(self) -> list[bytes]:
         try:

@@ -100,12 +100,11 @@ def run(sock: socket.socket, settings: WorkerSettings, lockstep: Lockstep | None
         else:
             with phases.timed("load"):
                 backend = load_backend(settings.source, injector, head)
-                if lockstep is not None:
-                    lockstep.shard(backend)
+                sharded = None if lockstep is None else lockstep.shard(backend)
             engine = None
-            if lockstep is not None:
+            if lockstep is not None and sharded is not None:
                 calibration = lockstep_calibration(settings)
-                engine = lockstep.engine(backend, settings, calibration)  # type: ignore[arg-type]
+                engine = lockstep.engine(sharded, settings, calibration)
             elif backend.batches:
                 engine, calibration = _engine(backend, settings, phases)
     except CONFIG_ERRORS as exc:

@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 
 from steward.wire.protocol import FromWorker
 from steward.wire.ranks import BEAT, PULSE, RankPlace
@@ -21,6 +22,8 @@ from steward.wire.settings import WorkerSettings
 from steward.worker import lifeline, main, runtime
 from steward.worker.injection import Injector
 from steward.worker.lockstep import Fed, Lockstep, Pulse
+
+HOLD = 30.0  # seconds a rank that cannot load the model leaves rank 0 to report it
 
 
 def run(
@@ -53,11 +56,19 @@ def run(
 
 
 def _follow(fed: Fed, settings: WorkerSettings, lockstep: Lockstep) -> None:
-    """Load the model, keep this rank's shard, and run rank 0's loop on what it took."""
+    """Load the model, keep this rank's shard, and run rank 0's loop on what it took. A
+    model this rank cannot load, rank 0 cannot either: it is rank 0's to report (a
+    configuration error exits 78), so this rank waits for the end of its feed, for at most
+    `HOLD` s, rather than fault the group first."""
     head = runtime.Head()
-    backend = main.load_backend(settings.source, Injector([], settings.generation), head)
-    lockstep.shard(backend)
-    engine = lockstep.engine(backend, settings, fed.calibration())  # type: ignore[arg-type]
+    try:
+        backend = main.load_backend(settings.source, Injector([], settings.generation), head)
+        sharded = lockstep.shard(backend)
+    except main.CONFIG_ERRORS:
+        traceback.print_exc()
+        fed.held(HOLD)
+        raise
+    engine = lockstep.engine(sharded, settings, fed.calibration())
 
     def unread(msg: FromWorker) -> None:
         return None  # rank 0 answers

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from steward.ranks.group import GRACE, SILENCE, WATCH
-from tests.conftest import ROOT, Server, until
+from tests.conftest import ROOT, Server, free_port, until
 from tests.supervisor.test_resume import assert_whole, stream
 
 PROMPTS = ["Tell me about lighthouses.", "Name three rivers.", "Why is the sky blue?"]
@@ -221,10 +221,16 @@ def test_sigterm_drains_a_group_and_leaves_no_rank(serve, tiny_model: Path) -> N
     [
         (["--distributed-backend", "jaccl"], "--distributed-backend jaccl is not built"),
         (["--standby", "hot"], "--standby hot is not built for a group"),
+        (["--ranks", "3"], "the model's attention heads do not divide over 3 ranks"),
     ],
 )
-def test_what_is_not_built_exits_78_saying_why(tiny_model: Path, args, why) -> None:
+def test_what_cannot_be_built_exits_78_saying_why(tiny_model: Path, args, why) -> None:
+    """Flags checked before anything starts; a model the ranks cannot shard (the tiny
+    llama's 4 heads over 3 ranks), said by rank 0 while the others hold."""
     argv = [sys.executable, "-m", "steward", "serve", "--model", str(tiny_model), "--ranks", "2"]
-    done = subprocess.run([*argv, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 78
+    port = ["--port", str(free_port())]
+    done = subprocess.run(
+        [*argv, *port, *args], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 78, done.stderr
     assert why in done.stderr
