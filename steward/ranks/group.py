@@ -4,8 +4,9 @@ Rank 0 speaks the worker's channel; every rank also has a line of its own to thi
 on which it pulses (wire/ranks.py). The group is faulted, and every rank killed, when any
 rank:
 - exits, or its line ends (seen at once: a SIGKILLed rank's line ends with it);
-- has joined and then falls silent for `SILENCE` s (stopped, wedged: its peers spin in a
-  collective that waits for it, and no backend of MLX has a timeout for that);
+- serves, and falls silent for `SILENCE` s (stopped, wedged: its peers spin in a
+  collective that waits for it, and no backend of MLX has a timeout for that; before it
+  serves, native imports and MLX's join hold the GIL, and silence means nothing);
 - has not joined `join_timeout` s after the group was spawned (MLX's own join waits for
   ever).
 Killed means SIGKILL, after `GRACE` s for rank 0 to report what it saw itself (a
@@ -40,7 +41,7 @@ log = logging.getLogger("steward.ranks")
 
 _spawn = multiprocessing.get_context("spawn")
 ENTRY = "steward.worker.rank"  # its `run(place, settings, line, sock, feeds)`: never imported here
-SILENCE = 3.0  # seconds a joined rank may go without a pulse
+SILENCE = 3.0  # seconds a serving rank may go without a pulse
 GRACE = 0.5  # seconds rank 0 has to report a fault itself before every rank is killed
 WATCH = 0.1  # seconds between two looks at the ranks
 
@@ -53,15 +54,16 @@ class Rank:
     process: BaseProcess
     host: str
     joined: bool = False
+    serving: bool = False
     steps: int = 0
     pulse: float = field(default_factory=time.monotonic)  # its last pulse (monotonic)
     progress: float = field(default_factory=time.monotonic)  # it joined or stepped last
     ended: bool = False  # its line ended
 
-    def heard(self, joined: bool, steps: int, now: float) -> None:
-        if joined != self.joined or steps != self.steps:
+    def heard(self, joined: bool, serving: bool, steps: int, now: float) -> None:
+        if (joined, serving, steps) != (self.joined, self.serving, self.steps):
             self.progress = now
-        self.joined, self.steps, self.pulse = joined, steps, now
+        self.joined, self.serving, self.steps, self.pulse = joined, serving, steps, now
 
     def state(self, now: float) -> dict[str, object]:
         """As /health shows it."""
@@ -71,6 +73,7 @@ class Rank:
             "pid": self.process.pid,
             "alive": self.process.exitcode is None,
             "joined": self.joined,
+            "serving": self.serving,
             "since_progress_s": round(now - self.progress, 3),
         }
 
@@ -84,7 +87,6 @@ class RankGroup:
         self.folder = folder  # the hostfile's
         self.join_timeout = join_timeout
         self.started = time.monotonic()
-        self.fault: str | None = None  # why the group was killed, if it was
         self._closing = False
         self._lines: list[asyncio.Task[None]] = []
         self._watch = asyncio.ensure_future(self._watching())
@@ -179,8 +181,8 @@ class RankGroup:
         reader, writer = await asyncio.open_connection(sock=line)
         try:
             while True:
-                joined, steps = PULSE.unpack(await reader.readexactly(PULSE.size))
-                rank.heard(joined, steps, time.monotonic())
+                joined, serving, steps = PULSE.unpack(await reader.readexactly(PULSE.size))
+                rank.heard(joined, serving, steps, time.monotonic())
         except (asyncio.IncompleteReadError, OSError):
             rank.ended = True
         finally:
@@ -191,7 +193,6 @@ class RankGroup:
             await asyncio.sleep(WATCH)
             if self._closing or (fault := self.verdict(time.monotonic())) is None:
                 continue
-            self.fault = fault
             log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, fault)
             await asyncio.sleep(GRACE)
             await self._kill_ranks()  # rank 0's channel ends: the supervisor sees a crash
@@ -203,7 +204,7 @@ class RankGroup:
             name = f"rank {rank.place.rank} (pid {rank.process.pid})"
             if rank.ended or rank.process.exitcode is not None:
                 return f"{name} {_ended(rank.process.exitcode)}"
-            if rank.joined and now - rank.pulse > SILENCE:
+            if rank.serving and now - rank.pulse > SILENCE:
                 return f"{name} silent for {now - rank.pulse:.1f} s (hung)"
         late = [str(rank.place.rank) for rank in self.ranks if not rank.joined]
         if late and now - self.started > self.join_timeout:

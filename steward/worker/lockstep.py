@@ -69,6 +69,7 @@ class Pulse:
 
     def __init__(self) -> None:
         self.joined = False
+        self.serving = False  # its batch loop runs: from now on, silence is a hang
         self.steps = 0
 
 

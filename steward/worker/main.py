@@ -141,6 +141,8 @@ def run(sock: socket.socket, settings: WorkerSettings, lockstep: Lockstep | None
         assert cancelled is not None
         _serve_alone(backend, inbox, cancelled, send)
     else:
+        if lockstep is not None:
+            lockstep.pulse.serving = True
         serve_batched(engine, taking, send)
 
 

@@ -73,13 +73,14 @@ def _follow(fed: Fed, settings: WorkerSettings, lockstep: Lockstep) -> None:
     def unread(msg: FromWorker) -> None:
         return None  # rank 0 answers
 
+    lockstep.pulse.serving = True
     main.serve_batched(engine, fed, lockstep.sending(unread))
 
 
 def _beat(line: socket.socket, pulse: Pulse) -> None:
     while True:
         try:
-            line.sendall(PULSE.pack(pulse.joined, pulse.steps))
+            line.sendall(PULSE.pack(pulse.joined, pulse.serving, pulse.steps))
         except OSError:
             os._exit(1)  # the supervisor is gone
         time.sleep(BEAT)

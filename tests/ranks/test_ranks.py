@@ -88,7 +88,7 @@ def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path
     one.wait()
     health = group.health().json()
     assert [r["rank"] for r in health["worker"]["ranks"]] == [0, 1]
-    assert all(r["alive"] and r["joined"] for r in health["worker"]["ranks"])
+    assert all(r["alive"] and r["joined"] and r["serving"] for r in health["worker"]["ranks"])
     for prompt in PROMPTS:
         expected = completion(one.url, prompt, False)
         assert len(expected) > 0
@@ -137,7 +137,7 @@ def test_sigkill_of_rank_1_mid_stream_reforms_the_group(group: Server) -> None:
     health = serving_again(group, generation)
     new = health["worker"]["ranks"]
     assert {r["pid"] for r in new}.isdisjoint({r["pid"] for r in old})
-    assert all(r["alive"] and r["joined"] for r in new)
+    assert all(r["alive"] and r["joined"] and r["serving"] for r in new)
     assert all(gone(r["pid"]) for r in old)  # no process of the old group is left
     assert f"rank 1 (pid {old[1]['pid']}) killed by signal 9" in group.output()
 
