@@ -217,6 +217,23 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     _flag(p, "max-embedding-inputs", int, "most inputs one embeddings request may have")
     _flag(p, "max-embedding-tokens", int, "most tokens one embeddings request's inputs have")
+    _flag(
+        p,
+        "ranks",
+        int,
+        "serve the model over N local ranks of one mx.distributed group (tensor parallel), "
+        "supervised as one worker (docs/distributed.md)",
+        metavar="N",
+    )
+    _flag(
+        p,
+        "distributed-backend",
+        str,
+        "the group's MLX backend: any (ring, for local ranks) or ring; jaccl, nccl and mpi "
+        "are not built yet and exit 78",
+        choices=["any", "ring", "jaccl", "nccl", "mpi"],
+    )
+    _flag(p, "rank-join-timeout", float, "seconds every rank of a group has to join it")
     _flag(p, "inject-fault", str, "fault injection POINT:ACTION[:TRIGGER] (tests, drills)")
 
 
@@ -270,12 +287,38 @@ def serve(args: argparse.Namespace) -> int:
             replace(m, kind=kind.resolve(m.kind or config.model_kind, m.source)) for m in models
         ]
         config = replace(config, model=models[0].path, model_kind=models[0].kind)
+        config = with_ranks(config, len(models))
         faults = parse_all(config.inject_fault)
         catalog.check_aims(faults, models)
     except (ModelError, ValueError, OSError) as exc:
         logging.getLogger("steward").critical("%s", exc)
         return EX_CONFIG
     return asyncio.run(run(config, models, faults))
+
+
+def with_ranks(config: ServeConfig, models: int) -> ServeConfig:
+    """A group of ranks where one can be formed (ValueError, exit 78, saying why not);
+    its standby is none (a spare group is not built)."""
+    from steward.ranks.formation import BUILT
+
+    if config.ranks < 1:
+        raise ValueError(f"--ranks {config.ranks}: must be at least 1")
+    if config.ranks == 1:
+        return config
+    why = ""
+    if config.distributed_backend not in BUILT:
+        why = f"--distributed-backend {config.distributed_backend} is not built (any or ring are)"
+    elif models > 1:
+        why = "more than one model is not built"
+    elif config.standby in ("warm", "hot"):
+        why = f"--standby {config.standby} is not built for a group (none or auto)"
+    elif config.prompt_cache_dir:
+        why = "--prompt-cache-dir (the disk tier) is not built for a group"
+    elif config.model_kind == "embedding":
+        why = "an embedding model is not sharded over ranks"
+    if why:
+        raise ValueError(f"--ranks {config.ranks}: {why}")
+    return replace(config, standby="none")
 
 
 def with_cache_dir(config: ServeConfig) -> ServeConfig:

@@ -228,6 +228,9 @@ class BringUp:
             prompt_cache_dir=self.config.prompt_cache_dir,
             prompt_cache_disk_bytes=self.config.prompt_cache_disk_bytes,
             calibration=self.calibration,
+            ranks=self.config.ranks,
+            distributed_backend=self.config.distributed_backend,
+            rank_join_timeout=self.config.rank_join_timeout,
         )
 
     async def _start_worker(self) -> bool:

@@ -75,6 +75,11 @@ class Link(Protocol):
         """When its last step came (0: none yet)."""
         ...
 
+    @property
+    def ranks(self) -> list[dict[str, object]]:
+        """The worker's ranks, where it is a group of them (empty for one process)."""
+        ...
+
     def send(self, msg: ToWorker) -> None: ...
 
     def start(self, req: Generate, sink: Sink) -> None:

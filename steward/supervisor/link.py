@@ -19,9 +19,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from steward.ranks import spawn_worker
 from steward.supervisor.faults import Fault, FaultClass, classify, describe_exit
 from steward.supervisor.line import FaultError, Sink
-from steward.wire.process import WorkerProcess
+from steward.wire.process import Worker
 from steward.wire.protocol import (
     Done,
     Failed,
@@ -41,9 +42,10 @@ log = logging.getLogger("steward.link")
 
 
 class WorkerLink:
-    """The real line (a `Link`): a worker process's socket, read by one task."""
+    """The real line (a `Link`): a worker's socket (one process, or a group of ranks),
+    read by one task."""
 
-    def __init__(self, worker: WorkerProcess, generation: int) -> None:
+    def __init__(self, worker: Worker, generation: int) -> None:
         self.worker = worker
         self.generation = generation
         self.heartbeat = self.progress = time.monotonic()
@@ -59,7 +61,7 @@ class WorkerLink:
 
     @classmethod
     async def spawn(cls, settings: WorkerSettings) -> WorkerLink:
-        return cls(await WorkerProcess.spawn(settings), settings.generation)
+        return cls(await spawn_worker(settings), settings.generation)
 
     @property
     def pid(self) -> int:
@@ -80,6 +82,11 @@ class WorkerLink:
     def forget_all(self) -> None:
         """Every request's news goes nowhere (the batch faulted)."""
         self._sinks.clear()
+
+    @property
+    def ranks(self) -> list[dict[str, object]]:
+        """The worker's ranks, where it is a group of them (ranks/group.py)."""
+        return self.worker.state()
 
     @property
     def alive(self) -> bool:

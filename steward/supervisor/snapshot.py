@@ -39,6 +39,7 @@ class Snapshot:
     device_bytes: int = 0  # the device's memory, or its recommended working set (0: unknown)
     phases: dict[str, float] = field(default_factory=dict)  # the serving worker's bring-up
     suspects: list[dict[str, object]] = field(default_factory=list)  # workers aside
+    ranks: list[dict[str, object]] = field(default_factory=list)  # the worker's, in a group
 
     def health(self) -> dict[str, Any]:
         """The SPEC §2 body, and what else an operator wants at a glance."""
@@ -53,6 +54,7 @@ class Snapshot:
                 "alive": self.worker_alive,
                 "bring_up_s": round(self.bring_up_s, 3),
                 "phases": self.phases,
+                "ranks": self.ranks,
             },
             "suspects": self.suspects,
             "faults": {"total": self.faults_total, "last": self.last_fault},

@@ -161,6 +161,7 @@ class Supervisor:
             device_bytes=facts.model.device_bytes,
             phases=dict(facts.phases),
             suspects=self.suspicions.summary(),
+            ranks=link.ranks if link else [],
         )
 
     # -- the loop ---------------------------------------------------------------------

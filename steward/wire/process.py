@@ -13,12 +13,36 @@ import importlib
 import multiprocessing
 import os
 import socket
+from typing import Protocol
 
 from steward.wire.channel import AsyncChannel
 from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
 from steward.wire.settings import WorkerSettings
 
 _spawn = multiprocessing.get_context("spawn")
+
+
+class Worker(Protocol):
+    """What the supervisor holds of a worker: one process, or a group of ranks seen as one
+    (ranks/group.py)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def send(self, msg: ToWorker) -> None: ...
+
+    async def recv(self) -> FromWorker: ...
+
+    def state(self) -> list[dict[str, object]]: ...
+
+    async def stop(self, timeout: float) -> None: ...
+
+    async def kill(self) -> None: ...
+
+    async def wait(self, timeout: float) -> bool: ...
 
 
 class WorkerProcess:
@@ -47,6 +71,10 @@ class WorkerProcess:
 
     def send(self, msg: ToWorker) -> None:
         self.channel.send(encode(msg))
+
+    def state(self) -> list[dict[str, object]]:
+        """Its ranks, as /health shows them: none, for one process."""
+        return []
 
     async def recv(self) -> FromWorker:
         """Next message; EOFError once the worker is gone."""

@@ -24,3 +24,6 @@ class WorkerSettings:
     prompt_cache_dir: str | None = None  # the prompt cache's disk tier (None: none)
     prompt_cache_disk_bytes: int = 0
     calibration: Calibration | None = None  # the model's first worker's: reused, not measured
+    ranks: int = 1  # local ranks of one mx.distributed group (ranks/group.py); 1: one process
+    distributed_backend: str = "ring"  # the group's MLX backend
+    rank_join_timeout: float = 60.0  # seconds every rank has to join its group

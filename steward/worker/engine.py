@@ -105,7 +105,12 @@ class Member:
 
 class Engine:
     def __init__(
-        self, backend: Backend, max_batch: int, cache_bytes: int, disk: DiskCache | None = None
+        self,
+        backend: Backend,
+        max_batch: int,
+        cache_bytes: int,
+        disk: DiskCache | None = None,
+        chunks: Chunks | None = None,  # how prefill chunks are sized (a group's agree)
     ) -> None:
         self.backend = backend
         self.max_batch = max_batch
@@ -118,7 +123,7 @@ class Engine:
         self.prefilling: dict[tuple[int, ...], int] = {}  # a prompt being prefilled -> uid
         self.waiting: dict[int, list[Waiting]] = {}  # uid -> requests that wait for its prompt
         self.eos = set(backend.tokenizer.eos_token_ids)
-        self.chunks = Chunks()  # prefill chunks sized by measured speed
+        self.chunks = chunks or Chunks()  # prefill chunks sized by measured speed
         self.shapes: set[Shape] = set()  # met by a step so far (a warm-up's included)
         self.generator = self._generator()
 

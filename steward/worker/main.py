@@ -48,6 +48,8 @@ from steward.wire.settings import WorkerSettings
 from steward.worker import lifeline, runtime
 from steward.worker.inbox import Inbox
 from steward.worker.injection import Injector
+from steward.worker.lockstep import Taking
+from steward.worker.lockstep import calibration as lockstep_calibration
 from steward.worker.prepared import Prepared
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from steward.worker.diskcache import DiskCache
     from steward.worker.embedding_engine import EmbeddingEngine
     from steward.worker.engine import Engine
+    from steward.worker.lockstep import Lockstep
     from steward.worker.vision import VisionBackend
 
 HEARTBEAT_INTERVAL = 1.0
@@ -62,8 +65,9 @@ HEARTBEAT_INTERVAL = 1.0
 CONFIG_ERRORS = (ModelError, OSError, ValueError, KeyError, json.JSONDecodeError)
 
 
-def run(sock: socket.socket, settings: WorkerSettings) -> None:
-    """Entry point of the spawned process."""
+def run(sock: socket.socket, settings: WorkerSettings, lockstep: Lockstep | None = None) -> None:
+    """Entry point of the spawned process; rank 0's of a group, with its `lockstep`
+    (worker/rank.py)."""
     lifeline.hold(settings.parent_pid)
     runtime.environment(os.environ)  # before mlx is imported
     runtime.without_torch(sys.modules)  # before transformers is
@@ -71,8 +75,10 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (settings.memory_limit, settings.memory_limit))
     channel = BlockingChannel(sock)
 
-    def send(msg: FromWorker) -> None:
+    def sent(msg: FromWorker) -> None:
         channel.send(encode(msg))
+
+    send = sent if lockstep is None else lockstep.sending(sent)
 
     threading.Thread(target=_beat, args=(send,), daemon=True, name="heartbeat").start()
     phases = runtime.Phases()
@@ -94,8 +100,12 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         else:
             with phases.timed("load"):
                 backend = load_backend(settings.source, injector, head)
+                sharded = None if lockstep is None else lockstep.shard(backend)
             engine = None
-            if backend.batches:
+            if lockstep is not None and sharded is not None:
+                calibration = lockstep_calibration(settings)
+                engine = lockstep.engine(sharded, settings, calibration)
+            elif backend.batches:
                 engine, calibration = _engine(backend, settings, phases)
     except CONFIG_ERRORS as exc:
         send(LoadFailed(True, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
@@ -120,6 +130,9 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         )
     )
     inbox = Inbox(None if engine is None else engine.prepare)  # encoded off the loop
+    taking: Taking = inbox
+    if lockstep is not None and calibration is not None:
+        taking = lockstep.relayed(inbox, calibration)  # what it takes, every rank takes
     cancelled = Cancels() if vision else None  # the batch takes cancels between its steps
     threading.Thread(
         target=_read, args=(channel, inbox, cancelled), daemon=True, name="reader"
@@ -128,7 +141,9 @@ def run(sock: socket.socket, settings: WorkerSettings) -> None:
         assert cancelled is not None
         _serve_alone(backend, inbox, cancelled, send)
     else:
-        _serve_batched(engine, inbox, send)
+        if lockstep is not None:
+            lockstep.pulse.serving = True
+        serve_batched(engine, taking, send)
 
 
 def _engine(
@@ -206,8 +221,8 @@ def _embedding_engine(settings: WorkerSettings, injector: Injector) -> Embedding
     return EmbeddingEngine(embedder, settings.max_batch or width.CPU)
 
 
-def _serve_batched(
-    engine: Engine | EmbeddingEngine, inbox: Inbox, send: Callable[[FromWorker], None]
+def serve_batched(
+    engine: Engine | EmbeddingEngine, inbox: Taking, send: Callable[[FromWorker], None]
 ) -> None:
     """Between steps, let every waiting request join and every cancelled one leave; a
     fault while joining or stepping fails the whole batch. The requests a pass takes in are

@@ -151,6 +151,10 @@ class FakeLink:
         self.failure = self.loop.create_future()
 
     @property
+    def ranks(self) -> list[dict[str, object]]:
+        return []
+
+    @property
     def alive(self) -> bool:
         return not self.killed
 

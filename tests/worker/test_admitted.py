@@ -12,7 +12,7 @@ from steward.wire.faultspec import parse
 from steward.wire.protocol import Admitted, Done, Failed, FromWorker, Generate, Step
 from steward.worker.inbox import Inbox
 from steward.worker.injection import Injector
-from steward.worker.main import _serve_batched
+from steward.worker.main import serve_batched
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def serve(engine, reqs: list[Generate]) -> list[FromWorker]:
         if not left:
             inbox.put(None)
 
-    _serve_batched(engine, inbox, send)
+    serve_batched(engine, inbox, send)
     return sent
 
 

@@ -1,0 +1,230 @@
+"""A group of ranks with the handle of one worker process (wire/process.py `Worker`).
+
+Rank 0 speaks the worker's channel; every rank also has a line of its own to this handle,
+on which it pulses (wire/ranks.py). The group is faulted, and every rank killed, when any
+rank:
+- exits, or its line ends (seen at once: a SIGKILLed rank's line ends with it);
+- serves, and falls silent for `SILENCE` s (stopped, wedged: its peers spin in a
+  collective that waits for it, and no backend of MLX has a timeout for that; before it
+  serves, native imports and MLX's join hold the GIL, and silence means nothing);
+- has not joined `join_timeout` s after the group was spawned (MLX's own join waits for
+  ever).
+Killed means SIGKILL, after `GRACE` s for rank 0 to report what it saw itself (a
+`LoadFailed`, a `Failed`): a rank inside a collective does not act on SIGTERM. Every rank is
+reaped. Rank 0's channel then ends, and the supervisor replaces the worker as it replaces
+one that crashed: a new group, on fresh ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import multiprocessing
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from steward.ranks.formation import LOCAL, form
+from steward.wire.channel import AsyncChannel
+from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
+from steward.wire.ranks import PULSE, RankPlace
+from steward.wire.settings import WorkerSettings
+
+log = logging.getLogger("steward.ranks")
+
+_spawn = multiprocessing.get_context("spawn")
+ENTRY = "steward.worker.rank"  # its `run(place, settings, line, sock, feeds)`: never imported here
+SILENCE = 3.0  # seconds a serving rank may go without a pulse
+GRACE = 0.5  # seconds rank 0 has to report a fault itself before every rank is killed
+WATCH = 0.1  # seconds between two looks at the ranks
+
+
+@dataclass(eq=False)
+class Rank:
+    """One rank's process and what its pulses said."""
+
+    place: RankPlace
+    process: BaseProcess
+    host: str
+    joined: bool = False
+    serving: bool = False
+    steps: int = 0
+    pulse: float = field(default_factory=time.monotonic)  # its last pulse (monotonic)
+    progress: float = field(default_factory=time.monotonic)  # it joined or stepped last
+    ended: bool = False  # its line ended
+
+    def heard(self, joined: bool, serving: bool, steps: int, now: float) -> None:
+        if (joined, serving, steps) != (self.joined, self.serving, self.steps):
+            self.progress = now
+        self.joined, self.serving, self.steps, self.pulse = joined, serving, steps, now
+
+    def state(self, now: float) -> dict[str, object]:
+        """As /health shows it."""
+        return {
+            "rank": self.place.rank,
+            "host": self.host,
+            "pid": self.process.pid,
+            "alive": self.process.exitcode is None,
+            "joined": self.joined,
+            "serving": self.serving,
+            "since_progress_s": round(now - self.progress, 3),
+        }
+
+
+class RankGroup:
+    def __init__(
+        self, ranks: list[Rank], channel: AsyncChannel, folder: Path, join_timeout: float
+    ) -> None:
+        self.ranks = ranks
+        self.channel = channel
+        self.folder = folder  # the hostfile's
+        self.join_timeout = join_timeout
+        self.started = time.monotonic()
+        self._closing = False
+        self._lines: list[asyncio.Task[None]] = []
+        self._watch = asyncio.ensure_future(self._watching())
+
+    @classmethod
+    async def spawn(cls, settings: WorkerSettings) -> RankGroup:
+        """Every rank started, on fresh ports; none has joined yet."""
+        folder = Path(tempfile.mkdtemp(prefix="steward-ranks-"))
+        places = form(settings.ranks, settings.distributed_backend, folder)
+        ours, theirs = socket.socketpair()
+        feeds = [socket.socketpair() for _ in places[1:]]
+        lines = [socket.socketpair() for _ in places]
+        ranks: list[Rank] = []
+        for place, (_, line) in zip(places, lines, strict=True):
+            if place.rank == 0:
+                args = (place, settings, line, theirs, [lead for lead, _ in feeds])
+            else:
+                args = (place, settings, line, None, [feeds[place.rank - 1][1]])
+            process = _spawn.Process(
+                target=_child, args=args, name=f"steward-rank-{settings.generation}.{place.rank}"
+            )
+            process.daemon = True
+            process.start()
+            ranks.append(Rank(place, process, LOCAL))
+        for sock in [theirs, *(s for pair in feeds for s in pair), *(s for _, s in lines)]:
+            sock.close()
+        group = cls(ranks, await AsyncChannel.open(ours), folder, settings.rank_join_timeout)
+        for rank, (line, _) in zip(ranks, lines, strict=True):
+            group._lines.append(asyncio.ensure_future(group._listen(rank, line)))
+        log.info(
+            "group %d: %d %s ranks (pids %s)",
+            settings.generation,
+            len(ranks),
+            places[0].backend,
+            ", ".join(str(rank.process.pid) for rank in ranks),
+        )
+        return group
+
+    @property
+    def pid(self) -> int:
+        return self.ranks[0].process.pid or 0
+
+    @property
+    def exitcode(self) -> int | None:
+        """The first rank's exit status that is known: one rank gone is the group gone."""
+        codes = [rank.process.exitcode for rank in self.ranks]
+        return next((code for code in codes if code is not None), None)
+
+    def send(self, msg: ToWorker) -> None:
+        self.channel.send(encode(msg))
+
+    async def recv(self) -> FromWorker:
+        """Rank 0's next message; EOFError once it is gone."""
+        return decode_from_worker(await self.channel.recv())
+
+    def state(self) -> list[dict[str, object]]:
+        now = time.monotonic()
+        return [rank.state(now) for rank in self.ranks]
+
+    async def stop(self, timeout: float) -> None:
+        """Shutdown to rank 0 (which relays it to every rank), then SIGKILL what is left."""
+        self._closing = True
+        self.send(Shutdown())
+        await self.wait(timeout)
+        await self.kill()
+
+    async def kill(self) -> None:
+        """SIGKILL every rank and reap them all."""
+        self._closing = True
+        await self._kill_ranks()
+        self.channel.close()
+        for task in [self._watch, *self._lines]:
+            task.cancel()
+
+    async def _kill_ranks(self) -> None:
+        for rank in self.ranks:
+            if rank.process.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank.process.pid or 0, 9)
+        await self.wait(5.0)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    async def wait(self, timeout: float) -> bool:
+        """Reap every rank within `timeout` s; True if all have exited."""
+        deadline = time.monotonic() + timeout
+        for rank in self.ranks:
+            left = max(0.0, deadline - time.monotonic())
+            await asyncio.to_thread(rank.process.join, left)
+        return all(rank.process.exitcode is not None for rank in self.ranks)
+
+    async def _listen(self, rank: Rank, line: socket.socket) -> None:
+        reader, writer = await asyncio.open_connection(sock=line)
+        try:
+            while True:
+                joined, serving, steps = PULSE.unpack(await reader.readexactly(PULSE.size))
+                rank.heard(joined, serving, steps, time.monotonic())
+        except (asyncio.IncompleteReadError, OSError):
+            rank.ended = True
+        finally:
+            writer.close()
+
+    async def _watching(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(WATCH)
+            if self._closing or (fault := self.verdict(time.monotonic())) is None:
+                continue
+            log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, fault)
+            await asyncio.sleep(GRACE)
+            await self._kill_ranks()  # rank 0's channel ends: the supervisor sees a crash
+            return
+
+    def verdict(self, now: float) -> str | None:
+        """What faults the group now, if anything."""
+        for rank in self.ranks:
+            name = f"rank {rank.place.rank} (pid {rank.process.pid})"
+            if rank.ended or rank.process.exitcode is not None:
+                return f"{name} {_ended(rank.process.exitcode)}"
+            if rank.serving and now - rank.pulse > SILENCE:
+                return f"{name} silent for {now - rank.pulse:.1f} s (hung)"
+        late = [str(rank.place.rank) for rank in self.ranks if not rank.joined]
+        if late and now - self.started > self.join_timeout:
+            named = f"rank {late[0]}" if len(late) == 1 else f"ranks {', '.join(late)}"
+            return f"{named} did not join within {self.join_timeout:.0f} s"
+        return None
+
+
+def _ended(code: int | None) -> str:
+    if code is None:
+        return "closed its line"
+    return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+
+def _child(
+    place: RankPlace,
+    settings: WorkerSettings,
+    line: socket.socket,
+    sock: socket.socket | None,
+    feeds: list[socket.socket],
+) -> None:
+    """The spawned rank's entry: the worker's code is imported there alone."""
+    importlib.import_module(ENTRY).run(place, settings, line, sock, feeds)

@@ -1,0 +1,29 @@
+"""What crosses `spawn` to one rank of a group (ranks/group.py), and the pulse every rank
+sends the supervisor on a line of its own (worker/rank.py).
+
+The pulse is how a hung rank is seen while the others spin in a collective that waits for
+it: each rank beats every `BEAT` s, with whether it has joined the group, whether it serves
+(its batch loop runs) and how many steps it has run. Only a serving rank's silence means
+it is stopped or wedged: MLX's `mx.distributed.init` holds the GIL while it waits for the
+peers, and so do native imports and loads (measured: a rank silent for over 3 s while it
+imported, on a loaded machine), while a serving rank's beats go on even inside a
+collective (`mx.eval` releases the GIL).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+PULSE = struct.Struct("!??Q")  # joined, serving, steps run so far
+BEAT = 0.25  # seconds between two pulses
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """One rank's place in its group: what MLX needs to join it."""
+
+    rank: int
+    size: int
+    backend: str  # MLX's name for it: "ring"
+    hostfile: str  # the path of MLX's JSON hostfile (MLX_HOSTFILE)

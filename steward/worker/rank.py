@@ -1,0 +1,86 @@
+"""One rank of a group (ranks/group.py): join the group, then serve as rank 0 or follow it.
+
+The pulse starts before anything else, on the rank's own line to the supervisor: a rank
+that never joins, or stops once joined, is seen there (wire/ranks.py), whatever the others
+are doing. MLX reads its place from `MLX_RANK` and `MLX_HOSTFILE`, set here before it is
+imported. Rank 0 then runs the worker (main.py) with its lockstep (lockstep.py); every
+other rank loads the same model, keeps its shard, and follows.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+
+from steward.wire.protocol import FromWorker
+from steward.wire.ranks import BEAT, PULSE, RankPlace
+from steward.wire.settings import WorkerSettings
+from steward.worker import lifeline, main, runtime
+from steward.worker.injection import Injector
+from steward.worker.lockstep import Fed, Lockstep, Pulse
+
+HOLD = 30.0  # seconds a rank that cannot load the model leaves rank 0 to report it
+
+
+def run(
+    place: RankPlace,
+    settings: WorkerSettings,
+    line: socket.socket,
+    sock: socket.socket | None,
+    feeds: list[socket.socket],
+) -> None:
+    """Entry point of a rank's process: `sock` is rank 0's channel (None elsewhere),
+    `feeds` its sockets to the others (rank 0), or the one from rank 0 (the others)."""
+    lifeline.hold(settings.parent_pid)
+    pulse = Pulse()
+    threading.Thread(target=_beat, args=(line, pulse), daemon=True, name="pulse").start()
+    runtime.environment(os.environ)
+    runtime.without_torch(sys.modules)
+    os.environ["MLX_RANK"] = str(place.rank)
+    os.environ["MLX_HOSTFILE"] = place.hostfile
+    import mlx.core as mx
+
+    group = mx.distributed.init(strict=True, backend=place.backend)
+    pulse.joined = True
+    mx.random.seed(settings.generation)  # unseeded sampling draws alike on every rank
+    if place.rank == 0:
+        assert sock is not None
+        main.run(sock, settings, Lockstep(group, pulse, feeds))
+    else:
+        (feed,) = feeds
+        _follow(Fed(feed), settings, Lockstep(group, pulse, []))
+
+
+def _follow(fed: Fed, settings: WorkerSettings, lockstep: Lockstep) -> None:
+    """Load the model, keep this rank's shard, and run rank 0's loop on what it took. A
+    model this rank cannot load, rank 0 cannot either: it is rank 0's to report (a
+    configuration error exits 78), so this rank waits for the end of its feed, for at most
+    `HOLD` s, rather than fault the group first."""
+    head = runtime.Head()
+    try:
+        backend = main.load_backend(settings.source, Injector([], settings.generation), head)
+        sharded = lockstep.shard(backend)
+    except main.CONFIG_ERRORS:
+        traceback.print_exc()
+        fed.held(HOLD)
+        raise
+    engine = lockstep.engine(sharded, settings, fed.calibration())
+
+    def unread(msg: FromWorker) -> None:
+        return None  # rank 0 answers
+
+    lockstep.pulse.serving = True
+    main.serve_batched(engine, fed, lockstep.sending(unread))
+
+
+def _beat(line: socket.socket, pulse: Pulse) -> None:
+    while True:
+        try:
+            line.sendall(PULSE.pack(pulse.joined, pulse.serving, pulse.steps))
+        except OSError:
+            os._exit(1)  # the supervisor is gone
+        time.sleep(BEAT)
