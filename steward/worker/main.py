@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from steward.worker.diskcache import DiskCache
     from steward.worker.embedding_engine import EmbeddingEngine
     from steward.worker.engine import Engine
+    from steward.worker.outputs import Pipeline
     from steward.worker.vision import VisionBackend
 
 HEARTBEAT_INTERVAL = 1.0
@@ -220,6 +221,16 @@ def _serve_batched(
 
     generating = isinstance(engine, Engine)
     pipeline = Pipeline(engine.outputs if generating else Outputs(None), send)
+    try:
+        _serve_steps(engine, generating, inbox, pipeline)
+    finally:
+        pipeline.close()
+
+
+def _serve_steps(
+    engine: Engine | EmbeddingEngine, generating: bool, inbox: Inbox, pipeline: Pipeline
+) -> None:
+    """The loop itself, until told to stop; every message it makes goes on `pipeline`."""
     while True:
         admitted: list[Admitted] = []
         for msg in inbox.take(wait=not engine.busy):

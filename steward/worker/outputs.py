@@ -139,8 +139,9 @@ class Pipeline:
     def __init__(self, outputs: Outputs, send: Callable[[FromWorker], None]) -> None:
         self.outputs = outputs
         self.send = send
-        self.queue: queue.SimpleQueue[Drawn | FromWorker] = queue.SimpleQueue()
-        threading.Thread(target=self._run, daemon=True, name="outputs").start()
+        self.queue: queue.SimpleQueue[Drawn | FromWorker | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="outputs")
+        self.thread.start()
 
     def put(self, item: Drawn | FromWorker) -> None:
         if isinstance(item, Drawn):
@@ -148,9 +149,13 @@ class Pipeline:
                 self.outputs.pending += 1
         self.queue.put(item)
 
+    def close(self) -> None:
+        """Once what was put is sent, the thread ends."""
+        self.queue.put(None)
+        self.thread.join()
+
     def _run(self) -> None:
-        while True:
-            item = self.queue.get()
+        while (item := self.queue.get()) is not None:
             if isinstance(item, Drawn):
                 item = self._processed(item)
                 if not (item.tokens or item.done or item.prefilled):
