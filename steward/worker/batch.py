@@ -183,8 +183,9 @@ class Batch:
         return kept.get(uid)
 
     def cache(self, uid: int) -> tuple[list[Any], list[int]] | None:
-        """A copy of the row's cache and the tokens it holds (None: no such row)."""
-        return self.generator.extract_cache([uid]).get(uid)
+        """A copy of the row's cache and of the tokens it holds (None: no such row)."""
+        found = self.generator.extract_cache([uid]).get(uid)
+        return None if found is None else (found[0], list(found[1]))
 
     def length(self, uid: int) -> int:
         """Tokens the row's cache holds."""
