@@ -93,7 +93,7 @@ def long_text(tokenizer: Any, tokens: int, salt: int) -> str:
 
 def phases(backend: Any, width: int, steps: int, lean: bool) -> dict[str, float]:
     """Milliseconds per step in each phase, `width` members decoding (with steward's lean
-    step, decode.py, or mlx-lm's own)."""
+    step, batch.py, or mlx-lm's own)."""
     generate = importlib.import_module("mlx_lm.generate")  # the package names a function so
 
     clock = Clock()
