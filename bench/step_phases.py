@@ -8,7 +8,13 @@ timing the calls the step makes:
 - launch: `mx.async_eval`, which encodes and launches the step's kernels;
 - wait: `mx.eval` of the previous step's tokens (the device, when it is behind);
 - generator: the rest of mlx-lm's step (its per-member bookkeeping);
-- steward: the engine's own per-member work (text, stop strings, usage) after it.
+- steward: the engine's own work on the step's thread after it (counting each member's
+  token, the members that leave);
+- outputs: each member's text, stop strings and tool calls (outputs.py), which the worker
+  does on its output thread, apart from the step; `step` is the sum, one after the other.
+
+Then the same width pipelined as the worker runs it (`Pipeline`, outputs on their thread):
+the step thread's milliseconds per step and the tokens per second.
 
 Then a prefill: `--long` prompts of `--long-tokens` tokens joining together beside
 decoding members, against bare mlx-lm prefilling the same prompts one after another; it
@@ -87,49 +93,72 @@ def long_text(tokenizer: Any, tokens: int, salt: int) -> str:
 
 def phases(backend: Any, width: int, steps: int, lean: bool) -> dict[str, float]:
     """Milliseconds per step in each phase, `width` members decoding (with steward's lean
-    step, decode.py, or mlx-lm's own)."""
+    step, batch.py, or mlx-lm's own)."""
     generate = importlib.import_module("mlx_lm.generate")  # the package names a function so
 
-    from steward.worker.engine import Engine
-
     clock = Clock()
-    engine = Engine(backend, width, 0)
-    if not lean:
-        engine.generator._generation_batch.__class__ = generate.GenerationBatch
-    timed = TimedModel(engine.generator.model, clock)
-    for holder in (
-        engine.generator,
-        engine.generator._prompt_batch,
-        engine.generator._generation_batch,
-    ):
-        holder.model = timed
+    engine = decoding(backend, width, lean)
+    generator = engine.batch.generator
+    engine.batch.swap_model(TimedModel(generator.model, clock))
     real_core, generate.mx = generate.mx, TimedCore(clock)
     try:
-        for i in range(width):
-            engine.add(request(i + 1, f"member {i} says", backend.context_length // 4))
-        while len(engine.generator._generation_batch) < width:
-            engine.step()
-        for _ in range(4):
-            engine.step()
         clock.on = True
         started = time.perf_counter()
-        inner = 0.0
-        engine.generator.next = clock.timed("generator_total", engine.generator.next)
+        inner = text = 0.0
+        generator.next = clock.timed("generator_total", generator.next)
         for _ in range(steps):
             before = time.perf_counter()
-            engine.step()
-            inner += time.perf_counter() - before
+            drawn = engine.draw()
+            drawing = time.perf_counter()
+            engine.outputs.process(drawn)
+            inner += drawing - before
+            text += time.perf_counter() - drawing
         total = time.perf_counter() - started
     finally:
         generate.mx = real_core
         engine.drop_all()
     spent = dict(clock.spent)
-    generator = spent.pop("generator_total")
+    generated = spent.pop("generator_total")
     accounted = spent["build"] + spent["launch"] + spent["wait"]
-    spent["generator"] = generator - accounted
-    spent["steward"] = inner - generator
+    spent["generator"] = generated - accounted
+    spent["steward"] = inner - generated
+    spent["outputs"] = text
     spent["step"] = total
     return {phase: 1000 * seconds / steps for phase, seconds in spent.items()}
+
+
+def pipelined(backend: Any, width: int, steps: int) -> float:
+    """Milliseconds per step, `width` members decoding, the outputs on their own thread
+    as the worker runs them (main.py), each step's message encoded as it would be sent."""
+    from steward.wire.protocol import encode
+    from steward.worker.outputs import Pipeline
+
+    engine = decoding(backend, width, lean=True)
+    pipeline = Pipeline(engine.outputs, encode)
+    try:
+        started = time.perf_counter()
+        for _ in range(steps):
+            pipeline.put(engine.draw())
+        engine.settle()
+        return 1000 * (time.perf_counter() - started) / steps
+    finally:
+        engine.drop_all()
+
+
+def decoding(backend: Any, width: int, lean: bool) -> Any:
+    """An engine whose `width` members all decode (steward's lean step, or mlx-lm's)."""
+    from steward.worker.engine import Engine
+
+    engine = Engine(backend, width, 0)
+    if not lean:
+        engine.batch.stock()
+    for i in range(width):
+        engine.add(request(i + 1, f"member {i} says", backend.context_length // 4))
+    while engine.batch.decoding < width:
+        engine.step()
+    for _ in range(4):
+        engine.step()
+    return engine
 
 
 def bare_prefill(model: Any, prompts: list[list[int]], chunk: int) -> float:
@@ -147,20 +176,20 @@ def bare_prefill(model: Any, prompts: list[list[int]], chunk: int) -> float:
     return time.perf_counter() - started
 
 
-def prefill(backend: Any, prompts: list[str], decoding: int, chunk: int) -> dict[str, float]:
-    """The long prompts joining `decoding` members: their TTFT and the members' worst gap
+def prefill(backend: Any, prompts: list[str], members: int, chunk: int) -> dict[str, float]:
+    """The long prompts joining `members` decoding: their TTFT and the members' worst gap
     (`chunk` 0: sized by measured speed, chunks.py; else that many tokens)."""
     from steward.worker.engine import Engine
 
-    engine = Engine(backend, decoding + len(prompts), 0)
+    engine = Engine(backend, members + len(prompts), 0)
     if chunk:
-        engine.chunks.measured = lambda generator, timed=True: None
+        engine.chunks.measured = lambda batch, timed=True: None
         engine.chunks.size = chunk
-        engine.chunks.resize = lambda generator: None
-        engine.generator.prefill_step_size = chunk
-    for i in range(decoding):
+        engine.chunks.resize = lambda batch: None
+        engine.batch.chunk(chunk)
+    for i in range(members):
         engine.add(request(i + 1, f"member {i} says", backend.context_length // 4))
-    while len(engine.generator._generation_batch) < decoding:
+    while engine.batch.decoding < members:
         engine.step()
     started = time.perf_counter()
     long_ids = set()
@@ -208,6 +237,10 @@ def main() -> None:
             rate = width / ms["step"] * 1000
             step = "lean" if lean else "mlx-lm"
             print(f"decode width={width} {step}: ms/step {shown}; {rate:,.0f} tok/s")
+        for _ in range(2):
+            ms = pipelined(backend, width, args.steps)
+            rate = width / ms * 1000
+            print(f"decode width={width} lean pipelined: ms/step {ms:.2f}; {rate:,.0f} tok/s")
     tokenizer = backend.tokenizer
     for round_ in range(args.rounds if args.long else 0):  # new prompts each round: new shapes
         salt = args.long * round_

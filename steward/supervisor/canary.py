@@ -38,7 +38,13 @@ async def run(link: Link, allowed: float) -> tuple[tuple[int, ...], Done]:
     """The canary's token ids and its answer; FaultError if it raised, crashed, or was
     silent for longer than `allowed` seconds."""
     req = Generate(
-        id=next(_ids), seq=0, attempt=1, prompt=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True
+        id=next(_ids),
+        seq=0,
+        attempt=1,
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        ignore_eos=True,
+        internal=True,
     )
     tokens: list[int] = []
     done = await _answer(link, req, allowed, tokens.append)

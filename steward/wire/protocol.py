@@ -59,6 +59,8 @@ class Generate(_Msg):
     # said. Only a chat answer with no grammar is split into thinking and answer (`Token`).
     thinking: bool | None = None
     armed: list[int] = []  # fault-injection specs with a period that fire on this request
+    # The worker's own request (the canary, a warm-up): computed afresh, never cached on disk.
+    internal: bool = False
 
     @property
     def penalised(self) -> bool:

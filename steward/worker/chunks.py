@@ -13,7 +13,10 @@ between `LOW` and `HIGH`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from steward.worker.batch import Batch
 
 BUDGET = 0.1  # seconds a chunk may take: the stall a decoding member sees, less its step
 LOW = 512  # mlx-lm's chunk before: below it, per-chunk costs dominate
@@ -38,10 +41,9 @@ class Chunks:
         self.timed = False  # the rate comes from a step that was not its shape's first
         self._seen = (0, 0.0)  # the generator's counters when last read
 
-    def measured(self, generator: Any, timed: bool = True) -> None:
+    def measured(self, batch: Batch, timed: bool = True) -> None:
         """After a step: fold in the chunk it prefilled, if any."""
-        counters = generator._counters
-        tokens, spent = counters.prompt_tokens, counters.prompt_time
+        tokens, spent = batch.prefill_counters()
         new_tokens, new_time = tokens - self._seen[0], spent - self._seen[1]
         self._seen = (tokens, spent)
         self.observe(new_tokens, new_time, timed)
@@ -60,21 +62,19 @@ class Chunks:
         self.rate = smoothed if self.timed else rate
         self.timed = True
 
-    def planned(self, generator: Any) -> int:
-        """The chunk for the prompts that will prefill in the generator's next step."""
-        prompts = max(1, len(generator._prompt_batch) + len(generator._unprocessed_sequences))
-        return sized(self.rate, prompts)
+    def planned(self, batch: Batch) -> int:
+        """The chunk for the prompts that will prefill in the batch's next step."""
+        return sized(self.rate, max(1, batch.prompts_waiting()))
 
-    def resize(self, generator: Any) -> None:
+    def resize(self, batch: Batch) -> None:
         """Before a step: the chunk for the prompts that will prefill in it."""
-        self.size = self.planned(generator)
-        generator.prefill_step_size = self.size
-        generator._prompt_batch.prefill_step_size = self.size
+        self.size = self.planned(batch)
+        batch.chunk(self.size)
 
-    def reset(self, generator: Any) -> None:
-        """A new generator (after a fault) starts with what was measured."""
+    def reset(self, batch: Batch) -> None:
+        """A new batch (after a fault) starts with what was measured."""
         self._seen = (0, 0.0)
-        self.resize(generator)
+        self.resize(batch)
 
 
 def sized(rate: float, prompts: int = 1) -> int:

@@ -1,11 +1,15 @@
 """Continuous batching on mlx-lm's `BatchGenerator`: requests join and leave between steps.
 
-`step()` runs one decode step for every member (mlx-lm interleaves one prefill chunk of the
-prompts that are joining, so a long prompt never freezes the others) and returns one
-`Step`: every member's new token, the members that finished, and the step's own clock
-(`StepClock`: what it was and how long it kept the link silent, which the supervisor bounds
-a silence by). A request that arrives at an idle engine runs alone at bare mlx-lm speed
-(solo.py) until a second one arrives and it moves into the batch. Anything raised while a
+`draw()` runs one decode step for every member (mlx-lm interleaves one prefill chunk of the
+prompts that are joining, so a long prompt never freezes the others) and returns what it
+drew (`Drawn`): every member's new token, the members that finished, and the step's own
+clock (`StepClock`: what it was and how long it kept the link silent, which the supervisor
+bounds a silence by). Their text, stop strings and tool calls are worked out apart from the
+step (outputs.py), on the worker's output thread; `step()` does both at once (the warm-up,
+the benches). mlx-lm's batch is reached through its adapter (batch.py) alone.
+
+A request that arrives at an idle engine runs alone at bare mlx-lm speed (solo.py) until a
+second one arrives and it moves into the batch. Anything raised while a
 request joins or during a step is a fault of the whole batch: `drop_all()` forgets every
 member, whose KV state is now suspect, and the supervisor decides what each request gets.
 
@@ -24,28 +28,26 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from steward.wire.protocol import (
     Admitted,
     Calibration,
-    Done,
     Generate,
     Logprob,
     Rejected,
     Step,
     StepClock,
-    Token,
     prompt_text,
 )
 from steward.worker.answer import Answer
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
+from steward.worker.batch import Batch
 from steward.worker.chunks import Chunks
-from steward.worker.decode import Lean
 from steward.worker.grammar import RESIDENT, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
+from steward.worker.outputs import Drawn, Outputs, Row
 from steward.worker.prepared import Prepared, prepared
 from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
@@ -54,7 +56,6 @@ from steward.worker.solo import Solo
 if TYPE_CHECKING:
     from steward.worker.diskcache import DiskCache
 
-PREFILL_BATCH = 8  # prompts prefilled together
 CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps lookups short
 
 # What a step computes, as far as the kernels MLX builds for it go: (alone, members decoding,
@@ -72,8 +73,8 @@ class Out(NamedTuple):
 
 @dataclass(eq=False)
 class Waiting:
-    """A request on its way into the generator; it may wait for an identical prompt (the
-    `n` choices of one request) that another member is prefilling."""
+    """A request on its way into the batch; it may wait for an identical prompt (the `n`
+    choices of one request) that another member is prefilling."""
 
     member: Member
     tokens: list[int]  # prompt and resumed answer
@@ -82,8 +83,11 @@ class Waiting:
     max_tokens: int
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Member:
+    """A request in the engine. The step thread counts its tokens (`count`, `first`); the
+    output thread (outputs.py) feeds its `answer` and alone writes `batch` and `ended`."""
+
     req: Generate
     prompt_tokens: int
     cached_tokens: int
@@ -96,6 +100,7 @@ class Member:
     resumed: int = 0  # tokens an earlier attempt generated and the client has
     batch: int = 1  # the largest batch it decoded in
     disk: int | None = None  # prompt tokens loaded from the disk tier (None: not asked)
+    ended: bool = False  # its Done is made: nothing more of it is sent
 
     @property
     def new(self) -> int:
@@ -116,31 +121,26 @@ class Engine:
         self.max_batch = max_batch
         self.cache = PromptCache(CACHE_ENTRIES, cache_bytes) if cache_bytes > 0 else None
         self.disk = disk  # the prompt cache's tier that outlives the worker (diskcache.py)
-        self.members: dict[int, Member] = {}  # by the generator's uid
+        self.outputs = Outputs(disk)  # each member's text, on the output thread in a worker
+        self.members: dict[int, Member] = {}  # by the batch's uid
         self.uids: dict[int, int] = {}  # request id -> uid
-        self.finished: list[Done] = []  # cancelled between steps, reported with the next
+        self.ends: list[tuple[Member, str]] = []  # ended between steps, with the next
         self.solo: tuple[Member, Solo] | None = None  # the one request running alone
         self.prefilling: dict[tuple[int, ...], int] = {}  # a prompt being prefilled -> uid
         self.waiting: dict[int, list[Waiting]] = {}  # uid -> requests that wait for its prompt
         self.eos = set(backend.tokenizer.eos_token_ids)
         self.chunks = chunks or Chunks()  # prefill chunks sized by measured speed
         self.shapes: set[Shape] = set()  # met by a step so far (a warm-up's included)
-        self.generator = self._generator()
+        self.batch = self._batch()
 
-    def _generator(self) -> BatchGenerator:
-        generator = BatchGenerator(
-            Masked(self.backend.model, self.backend.batch_step),
-            stop_tokens=[[t] for t in self.eos],
-            completion_batch_size=self.max_batch,
-            prefill_batch_size=min(PREFILL_BATCH, self.max_batch),
-        )
-        generator._generation_batch = Lean.empty(generator.model, generator.sampler)
-        self.chunks.reset(generator)
-        return generator
+    def _batch(self) -> Batch:
+        batch = Batch(Masked(self.backend.model, self.backend.batch_step), self.eos, self.max_batch)
+        self.chunks.reset(batch)
+        return batch
 
     @property
     def busy(self) -> bool:
-        return bool(self.members or self.finished or self.solo or self.waiting)
+        return bool(self.members or self.ends or self.solo or self.waiting)
 
     def prepare(self, req: Generate) -> Prepared:
         """Its prompt's tokens (on an encoder thread: inbox.py)."""
@@ -164,27 +164,27 @@ class Engine:
         backend.injector.hit("prefill", req.seq, req.attempt, marked, req.armed)
         tokens = prompt + list(req.resume)  # a resumed answer continues after its tokens
         # The canary always computes afresh: after a fault, it checks the whole path.
-        cache, rest, disk = self._cached(tokens) if req.id >= 0 else (None, tokens, None)
+        cache, rest, disk = (None, tokens, None) if req.internal else self._cached(tokens)
         held = len(tokens) - len(rest)  # tokens whose KV came from the prompt cache
         try:
             processor = backend.logits_processor(req)
         except ValueError as exc:
             return Rejected(req.id, "validation_error", str(exc))
         member = Member(
-            req,
-            len(prompt),
-            min(held, len(prompt)),  # what usage reports: of the prompt
-            backend.answer(req, prompt),
-            processor,
-            time.perf_counter(),
-            marked,
+            req=req,
+            prompt_tokens=len(prompt),
+            cached_tokens=min(held, len(prompt)),  # what usage reports: of the prompt
+            answer=backend.answer(req, prompt),
+            processor=processor,
+            admitted=time.perf_counter(),
+            marked=marked,
             count=len(req.resume),
             resumed=len(req.resume),
             disk=None if disk is None else min(disk, len(prompt)),
         )
         max_tokens = (req.max_tokens or backend.context_length - len(prompt)) - member.count
         if max_tokens < 1:  # the fault struck after the last token: nothing is left to do
-            self.finished.append(self._done(member, "length"))
+            self.ends.append((member, "length"))
             return Admitted(req.id, 0)
         admitted = Admitted(req.id, len(rest))
         draw = sampler(req, position=len(req.resume))
@@ -206,8 +206,7 @@ class Engine:
     def widen(self, width: int) -> None:
         """Decode up to `width` members together from the next step (`--max-batch auto`)."""
         self.max_batch = width
-        self.generator.prefill_batch_size = min(PREFILL_BATCH, width)
-        self.generator.completion_batch_size = width
+        self.batch.widen(width)
 
     def calibrate(self, calibration: Calibration) -> None:
         """Take what the model's first worker measured on this device as if measured here:
@@ -215,53 +214,70 @@ class Engine:
         self.widen(calibration.max_batch)
         if calibration.prefill_tps:
             self.chunks.rate, self.chunks.timed = calibration.prefill_tps, True
-        self.chunks.resize(self.generator)
+        self.chunks.resize(self.batch)
 
     def cancel(self, req_id: int) -> None:
         if self.solo is not None and self.solo[0].req.id == req_id:
-            self.finished.append(self._solo_done("cancelled"))
+            self.ends.append((self._solo_leave(), "cancelled"))
         elif (uid := self.uids.get(req_id)) is not None:
-            self.finished.append(self._leave(uid, "cancelled"))
+            self.ends.append((self._leave(uid), "cancelled"))
         for queue in self.waiting.values():
             for joining in [w for w in queue if w.member.req.id == req_id]:
                 queue.remove(joining)
-                self.finished.append(self._done(joining.member, "cancelled"))
+                self.ends.append((joining.member, "cancelled"))
 
     def step(self) -> Step:
+        """A step and its text at once (the warm-up, the benches, tests); the worker has
+        the text worked out on its output thread instead (outputs.py)."""
+        return self.outputs.process(self.draw())
+
+    def draw(self) -> Drawn:
+        """One step: every member's next token, or a prefill chunk; the members whose text
+        ended at the step before leave once it is processed (outputs.py says why that is
+        exact)."""
         started = time.perf_counter()
         if self.solo is not None:
-            return self._solo_step(started)
+            return self._solo_draw(started)
         self._arm_grammars()
-        wanted = any(member.req.logprobs >= 0 for member in self.members.values())
-        self.generator._generation_batch.rows_wanted = wanted
-        self.chunks.resize(self.generator)
-        counted = self.generator._counters.prompt_tokens
-        prompts, outputs = self.generator.next() if self.members else ([], [])
-        prefill = self.generator._counters.prompt_tokens - counted
+        self.batch.want_rows(any(member.req.logprobs >= 0 for member in self.members.values()))
+        self.chunks.resize(self.batch)
+        prompts, outputs, prefill = self.batch.next() if self.members else ([], [], 0)
+        waited = self.settle()
         prompting = sum(not response.end_of_prompt for response in prompts)
         new = self._met((False, len(outputs), prompting, self.chunks.size if prefill else 0))
-        self.chunks.measured(self.generator, timed=not new)
+        self.chunks.measured(self.batch, timed=not new)
         for response in prompts:
-            if response.end_of_prompt:
+            if response.end_of_prompt and response.uid in self.members:
                 self._prefilled(response.uid)
-        tokens: list[Token] = []
-        done, self.finished = self.finished, []
-        prefilled = [self.members[r.uid].req.id for r in prompts if r.uid in self.members]
-        size = len(self.members)
-        now = time.perf_counter()
+        drawn = Drawn(ends=self.ends, size=len(self.members))
+        self.ends = []
+        drawn.prefilled = [self.members[r.uid].req.id for r in prompts if r.uid in self.members]
         members = [self.members.get(out.uid) for out in outputs]
         logprobs = self._logprobs(members, outputs)
+        now = time.perf_counter()
         for member, out, logprob in zip(members, outputs, logprobs, strict=True):
             if member is None:
-                continue
-            member.batch = max(member.batch, size)
-            finish = self._advance(member, out, now, tokens, logprob)
-            if finish is not None:
+                continue  # its text ended at the step before: it left the batch
+            drawn.rows.append(self._row(member, out, now, logprob))
+            if out.finish_reason is not None:  # the batch let it go: keep its cache
                 self._remember(out.all_tokens, out.prompt_cache, member.req)
-                done.append(self._leave(out.uid, finish, generator_done=out.finish_reason))
-        seconds = time.perf_counter() - started
-        clock = StepClock(len(outputs), prefill, seconds, new, self.chunks.planned(self.generator))
-        return Step(tokens=tokens, done=done, prefilled=prefilled, clock=clock)
+                self._forget(out.uid)
+        seconds = time.perf_counter() - started - waited
+        planned = self.chunks.planned(self.batch)
+        drawn.clock = StepClock(len(outputs), prefill, seconds, new, planned)
+        return drawn
+
+    def settle(self) -> float:
+        """Once the steps drawn are processed (outputs.py), the members whose text ended
+        there leave the batch; the seconds that waited, which are no part of a step. Raises
+        what processing raised: a fault of the batch, as if the step had."""
+        stopped, waited = self.outputs.settled()
+        for member in stopped:
+            if self.solo is not None and self.solo[0] is member:
+                self._solo_leave()
+            elif self.members.get(self.uids.get(member.req.id, -1)) is member:
+                self._leave(self.uids[member.req.id])
+        return waited
 
     def _met(self, shape: Shape) -> bool:
         """Whether `shape` is new to this worker (and from now on, met)."""
@@ -270,45 +286,48 @@ class Engine:
         return new
 
     def drop_all(self) -> list[int]:
-        """After a fault: every member's state is suspect; start over with an empty batch."""
-        ids = [member.req.id for member in self.members.values()]
-        ids += [w.member.req.id for queue in self.waiting.values() for w in queue]
+        """After a fault: every member's state is suspect; start over with an empty batch.
+        The ids of those whose answer had not ended."""
+        with contextlib.suppress(Exception):  # what processing raised is part of the fault
+            self.outputs.settled()
+        lost, self.outputs.lost = self.outputs.lost, []
+        members = list(self.members.values())
+        members += [w.member for queue in self.waiting.values() for w in queue]
+        if self.solo is not None:
+            members.append(self.solo[0])
+            self.solo = None
         self.waiting.clear()
         self.prefilling.clear()
-        if self.solo is not None:
-            ids.append(self.solo[0].req.id)
-            self.solo = None
         self.members.clear()
         self.uids.clear()
-        self.finished.clear()
+        self.ends.clear()
         self.backend.batch_step.disarm()
         RESIDENT.clear()
         with contextlib.suppress(Exception):  # a broken device may fail this too
-            self.generator.close()
-        self.generator = self._generator()
+            self.batch.close()
+        self.batch = self._batch()
         if self.cache is not None:  # KV computed around a fault is not to be trusted
             self.cache = PromptCache(CACHE_ENTRIES, self.cache.max_bytes)
         if self.disk is not None:  # nor what is not on disk yet (diskcache.py)
             self.disk.fault()
-        return ids
+        ids = [member.req.id for member in lost]
+        return list(dict.fromkeys(ids + [m.req.id for m in members if not m.ended]))
 
     def _arm_grammars(self) -> None:
         """Arm the coming step's grammar rows (`BatchStep`) with the tokens it feeds, still
         on the device. A row whose processor only masks (its first token drawn) leaves
-        mlx-lm's per-row processor loop, which runs for every row while any row has one.
-        (mlx-lm's generation batch is read and edited directly: its `uids`, the tokens it
-        sampled last, `_next_tokens`, and each row's `logits_processors`.)"""
-        batch = self.generator._generation_batch
+        mlx-lm's per-row processor loop, which runs for every row while any row has one."""
+        uids = self.batch.uids
         rows = []
-        for i, uid in enumerate(batch.uids):
+        for i, uid in enumerate(uids):
             member = self.members.get(uid)
             if member is None or member.processor is None or member.processor.grammar is None:
                 continue
             rows.append((i, member.processor))
             if member.processor.masks_only:
-                batch.logits_processors[i] = ()
-        if rows and batch._next_tokens is not None:
-            self.backend.batch_step.arm(batch._next_tokens, rows, len(batch.uids))
+                self.batch.unprocess(i)
+        if rows and (fed := self.batch.fed) is not None:
+            self.backend.batch_step.arm(fed, rows, len(uids))
         else:
             self.backend.batch_step.disarm()
 
@@ -327,11 +346,8 @@ class Engine:
                 found[i] = logprob
         return found
 
-    def _advance(
-        self, member: Member, out: Any, now: float, tokens: list[Token], logprob: Logprob | None
-    ) -> str | None:
-        """One generated token (or, at EOS, none): its text, past stop strings and tool
-        calls; the finish reason if the member is done."""
+    def _row(self, member: Member, out: Any, now: float, logprob: Logprob | None) -> Row:
+        """One generated token (or, at EOS, none), counted: its text comes later."""
         req = member.req
         real = out.finish_reason != "stop"  # the EOS that ends a sequence is no token
         if real:
@@ -340,47 +356,49 @@ class Engine:
             if member.count > 1:  # not its first token
                 injector = self.backend.injector
                 injector.hit("decode", req.seq, req.attempt, member.marked, req.armed, member.count)
-        piece = member.answer.feed(int(out.token) if real else None, out.finish_reason)
-        if real or not piece.empty:
-            tokens.append(piece.token(req.id, int(out.token) if real else -1, logprob))
-        return piece.finish
+        return Row(member, int(out.token) if real else -1, out.finish_reason, logprob)
 
-    def _solo_step(self, started: float) -> Step:
+    def _solo_draw(self, started: float) -> Drawn:
         """The request alone: a chunk of its prompt, or its next token."""
         assert self.solo is not None
         member, solo = self.solo
-        tokens: list[Token] = []
-        done, self.finished = self.finished, []
+        drawn = Drawn(ends=self.ends, size=1)
+        self.ends = []
         before = solo.prefilled
-        drawn = solo.next()
-        if drawn is None:
+        token_drawn = solo.next()
+        waited = self.settle()
+        if token_drawn is None:
             if len(solo.held()) == len(solo.prompt) - 1:  # the prompt is in
                 self._save(solo.held(), solo.cache, member.req)
             prefill = solo.prefilled - before
             new = self._met((True, 0, 1, solo.prefill_step))
-            seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - started - waited
             self.chunks.observe(prefill, seconds, timed=not new)
-            clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
-            return Step(tokens=tokens, done=done, prefilled=[member.req.id], clock=clock)
-        token, row = drawn
-        finish = "stop" if token in self.eos else None
-        if finish is None and member.new + 1 >= solo.max_tokens:
-            finish = "length"
-        out = Out(token, finish, row)
-        (logprob,) = self._logprobs([member], [out])
-        finish = self._advance(member, out, time.perf_counter(), tokens, logprob)
-        if finish is not None:
-            done.append(self._solo_done(finish))
+            drawn.prefilled = [member.req.id]
+            drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
+            return drawn
         new = self._met((True, 1, 0, 0))
-        clock = StepClock(1, 0, time.perf_counter() - started, new, solo.prefill_step)
-        return Step(tokens=tokens, done=done, prefilled=[], clock=clock)
+        if self.solo is not None:  # its text did not end at the step before
+            token, row = token_drawn
+            finish = "stop" if token in self.eos else None
+            if finish is None and member.new + 1 >= solo.max_tokens:
+                finish = "length"
+            out = Out(token, finish, row)
+            (logprob,) = self._logprobs([member], [out])
+            drawn.rows.append(self._row(member, out, time.perf_counter(), logprob))
+            if finish is not None:
+                self._solo_leave()
+        seconds = time.perf_counter() - started - waited
+        drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
+        return drawn
 
-    def _solo_done(self, finish: str) -> Done:
+    def _solo_leave(self) -> Member:
+        """The request alone leaves; its cache is kept."""
         assert self.solo is not None
         member, solo = self.solo
         self.solo = None
         self._remember(solo.held(), solo.cache, member.req)
-        return self._done(member, finish)
+        return member
 
     def _handover(self) -> None:
         """The request running alone joins the batch: its cache and the rest of its work."""
@@ -395,17 +413,17 @@ class Engine:
         self._join(joining, cache, rest)
 
     def _join(self, joining: Waiting, cache: list[Any] | None, rest: list[int]) -> None:
-        """Into the generator, with `cache` holding what comes before `rest`; a prompt left
-        to prefill is one that identical requests can wait for."""
+        """Into the batch, with `cache` holding what comes before `rest`; a prompt left to
+        prefill is one that identical requests can wait for."""
         tokens = joining.tokens
         held = len(tokens) - len(rest)
-        (uid,) = self.generator.insert(
-            [rest],
-            max_tokens=[joining.max_tokens],
-            caches=[cache],
-            all_tokens=[tokens[:held]],
-            samplers=[joining.sampler],
-            logits_processors=[joining.processors],
+        uid = self.batch.insert(
+            rest=rest,
+            held=tokens[:held],
+            cache=cache,
+            sampler=joining.sampler,
+            processors=joining.processors,
+            max_tokens=joining.max_tokens,
         )
         self.members[uid] = joining.member
         self.uids[joining.member.req.id] = uid
@@ -415,12 +433,12 @@ class Engine:
     def _prefilled(self, uid: int) -> None:
         """A member's prompt is in its cache: the requests waiting for it join with a copy
         (its last token fed again, for their own first token)."""
-        if self.disk is not None and (member := self.members.get(uid)) is not None:
-            cache, held = self.generator.extract_cache([uid])[uid]
-            self._save(held, cache, member.req)
+        if self.disk is not None and (found := self.batch.cache(uid)) is not None:
+            cache, held = found
+            self._save(held, cache, self.members[uid].req)
         self._unshare(uid)
         for joining in self.waiting.pop(uid, []):
-            cache, held = self.generator.extract_cache([uid]).get(uid, (None, []))
+            cache, held = self.batch.cache(uid) or (None, [])
             shared = len(joining.tokens) - 1
             usable = cache is not None and can_trim_prompt_cache(cache)
             if not usable or held[:shared] != joining.tokens[:shared]:
@@ -435,35 +453,22 @@ class Engine:
         for key in [key for key, owner in self.prefilling.items() if owner == uid]:
             del self.prefilling[key]
 
-    def _leave(self, uid: int, finish: str, generator_done: str | None = None) -> Done:
+    def _leave(self, uid: int) -> Member:
+        """The member leaves the batch, its cache kept."""
+        kept = self.batch.remove(uid, keep=self._caching)
+        if kept is not None:
+            cache, tokens = kept
+            self._remember(tokens, cache, self.members[uid].req)
+        return self._forget(uid)
+
+    def _forget(self, uid: int) -> Member:
+        """The member is no longer the engine's (the batch has let its row go)."""
         member = self.members.pop(uid)
         del self.uids[member.req.id]
         self._unshare(uid)
         for joining in self.waiting.pop(uid, []):  # left before its prompt was in: alone
             self._join(joining, None, joining.tokens)
-        if generator_done is None:  # still in the generator: take it out, keep its cache
-            kept = self.generator.remove([uid], return_prompt_caches=self._caching)
-            for cache, tokens in kept.values():
-                self._remember(tokens, cache, member.req)
-        return self._done(member, finish)
-
-    def _done(self, member: Member, finish: str) -> Done:
-        """Usage counts the whole answer once; speeds, this attempt's own tokens."""
-        now = time.perf_counter()
-        new = member.new
-        return Done(
-            member.req.id,
-            finish,
-            prompt_tokens=member.prompt_tokens,
-            completion_tokens=member.count,
-            ttft=(member.first or now) - member.admitted,
-            decode_tps=(new - 1) / (now - member.first) if new > 1 else 0.0,
-            cached_tokens=member.cached_tokens,
-            batch=member.batch,
-            reasoning_tokens=member.answer.reasoning_tokens,
-            stop_sequence=member.answer.stop_sequence,
-            disk=self.disk.use(member.disk) if self.disk and member.req.id >= 0 else None,
-        )
+        return member
 
     def _cached(self, tokens: list[int]) -> tuple[list[Any] | None, list[int], int | None]:
         """The longest cached prefix's KV (a copy), the tokens still to prefill, and how
@@ -500,5 +505,5 @@ class Engine:
 
     def _save(self, tokens: list[int] | None, cache: list[Any] | None, req: Generate) -> None:
         """To the disk tier, off the token path; never the canary's or the warm-up's."""
-        if self.disk is not None and tokens and req.id >= 0:
+        if self.disk is not None and tokens and not req.internal:
             self.disk.save(list(tokens), cache, self.chunks.rate)

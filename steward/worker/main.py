@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from steward.worker.embedding_engine import EmbeddingEngine
     from steward.worker.engine import Engine
     from steward.worker.lockstep import Lockstep
+    from steward.worker.outputs import Pipeline
     from steward.worker.vision import VisionBackend
 
 HEARTBEAT_INTERVAL = 1.0
@@ -227,7 +228,24 @@ def serve_batched(
     """Between steps, let every waiting request join and every cancelled one leave; a
     fault while joining or stepping fails the whole batch. The requests a pass takes in are
     announced in one `Step` before the step that starts their prefill, so the front knows
-    how long the silence that follows may honestly last."""
+    how long the silence that follows may honestly last. A generating engine's steps are
+    made into text on the output thread (outputs.py), and every message goes through it,
+    in order."""
+    from steward.worker.engine import Engine
+    from steward.worker.outputs import Outputs, Pipeline
+
+    generating = isinstance(engine, Engine)
+    pipeline = Pipeline(engine.outputs if generating else Outputs(None), send)
+    try:
+        _serve_steps(engine, generating, inbox, pipeline)
+    finally:
+        pipeline.close()
+
+
+def _serve_steps(
+    engine: Engine | EmbeddingEngine, generating: bool, inbox: Taking, pipeline: Pipeline
+) -> None:
+    """The loop itself, until told to stop; every message it makes goes on `pipeline`."""
     while True:
         admitted: list[Admitted] = []
         for msg in inbox.take(wait=not engine.busy):
@@ -237,7 +255,7 @@ def serve_batched(
                 try:
                     engine.cancel(msg.id)
                 except Exception as exc:
-                    send(_failed(engine.drop_all(), exc))
+                    pipeline.put(_failed(engine.drop_all(), exc))
                     admitted.clear()  # each of them is in the failure
                 continue
             if not isinstance(msg, Prepared | Generate | Embed):  # raw: a test's inbox
@@ -245,23 +263,24 @@ def serve_batched(
             try:
                 taken = engine.add(msg)
             except Exception as exc:
-                send(_failed([msg.id, *engine.drop_all()], exc))
+                pipeline.put(_failed([msg.id, *engine.drop_all()], exc))
                 admitted.clear()
                 continue
             if isinstance(taken, Admitted):
                 admitted.append(taken)
             else:
-                send(taken)
+                pipeline.put(taken)
         if admitted:
-            send(Step(admitted=admitted))
-        if engine.busy:
-            try:
-                step = engine.step()
-            except Exception as exc:
-                send(_failed(engine.drop_all(), exc))
-                continue
-            if step.tokens or step.done or step.prefilled:
-                send(step)
+            pipeline.put(Step(admitted=admitted))
+        try:
+            if engine.busy:
+                step = engine.draw() if generating else engine.step()
+                if not isinstance(step, Step) or step.tokens or step.done or step.prefilled:
+                    pipeline.put(step)
+            if generating and not engine.busy:  # before waiting: the last steps' text is
+                engine.settle()  # out, and a failure to make it fails the batch now
+        except Exception as exc:
+            pipeline.put(_failed(engine.drop_all(), exc))
 
 
 def _serve_alone(

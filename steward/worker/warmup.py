@@ -54,7 +54,7 @@ def measure(engine: Engine, widths: list[int], deadline: float) -> dict[int, flo
     try:
         for width in widths:
             _grow(engine, width, deadline)
-            if len(engine.generator._generation_batch) < width:
+            if engine.batch.decoding < width:
                 break  # out of time before the batch was that wide
             speeds[width] = _speed(engine, width)
             if passed(speeds) or time.perf_counter() > deadline:
@@ -107,7 +107,13 @@ def shapes(engine: Engine) -> None:
 
 def _member(prompt: str, tokens: int) -> Generate:
     return Generate(
-        id=next(_ids), seq=0, attempt=1, max_tokens=tokens, prompt=prompt, ignore_eos=True
+        id=next(_ids),
+        seq=0,
+        attempt=1,
+        max_tokens=tokens,
+        prompt=prompt,
+        ignore_eos=True,
+        internal=True,
     )
 
 
@@ -126,11 +132,7 @@ def _grow(engine: Engine, width: int, deadline: float) -> None:
     lives = engine.backend.context_length // 2
     for i in range(len(engine.members), width):
         engine.add(_member(PROMPT * (1 + i % LENGTHS), lives))
-    while (
-        len(engine.generator._generation_batch) < width
-        and engine.busy
-        and time.perf_counter() < deadline
-    ):
+    while engine.batch.decoding < width and engine.busy and time.perf_counter() < deadline:
         engine.step()
 
 

@@ -100,9 +100,9 @@ def test_the_prompt_cache_and_a_resumed_answer_count_in_the_prefill(engine) -> N
     # The same prompt again: all of it is cached but its last token, whose logits come anew.
     assert admissions(serve(engine, [ask(5, prompt)])) == [[Admitted(5, 1)]]
     # The canary always computes afresh; a resumed answer prefills its tokens too.
-    canary = ask(-1, prompt, ignore_eos=True)
+    canary = ask(-1, prompt, ignore_eos=True, internal=True)
     assert admissions(serve(engine, [canary])) == [[Admitted(-1, size)]]
-    resumed = ask(-2, prompt, resume=[11, 12, 13], max_tokens=6)
+    resumed = ask(-2, prompt, resume=[11, 12, 13], max_tokens=6, internal=True)
     assert admissions(serve(engine, [resumed])) == [[Admitted(-2, size + 3)]]
 
 

@@ -2,12 +2,11 @@
 sized by what was measured.
 
 Real MLX on the tiny model for the step; the sizing rules are pure arithmetic over what the
-generator counts and what the warm-up times."""
+batch counts and what the warm-up times."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -40,13 +39,11 @@ def bf16(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path):
 
 def answers(backend, reqs: list[Generate], lean: bool) -> dict[int, tuple[list[int], list]]:
     """Each request's tokens and log-probabilities, decoded in one batch."""
-    from mlx_lm.generate import GenerationBatch
-
     from steward.worker.engine import Engine
 
     engine = Engine(backend, 8, 0)
     if not lean:
-        engine.generator._generation_batch.__class__ = GenerationBatch
+        engine.batch.stock()
     seen: dict[int, tuple[list[int], list]] = {req.id: ([], []) for req in reqs}
     for req in reqs:
         engine.add(req)
@@ -90,7 +87,7 @@ def test_the_lean_draw_is_mlx_lms_greedy_token_in_bfloat16() -> None:
     import mlx.core as mx
     from mlx_lm.sample_utils import greedy_sampler
 
-    from steward.worker.decode import sample
+    from steward.worker.batch import sample
 
     mx.random.seed(5)
     logits = (0.5 * mx.random.normal((2048, 512))).astype(mx.bfloat16)
@@ -111,38 +108,39 @@ def test_a_member_asking_for_logprobs_gets_them_beside_lean_ones(backend) -> Non
     assert all(lp is None for lp in seen[1][1])  # nobody asked for these
 
 
-class Prefilling(list):
-    """mlx-lm's prompt batch as the chunks see it: its length and its chunk."""
+class Prefill:
+    """What the chunks read of the batch (batch.py): the prompt tokens it prefilled and
+    their seconds, the prompts waiting, and the chunk it was given."""
 
-    prefill_step_size = 0
+    def __init__(self, prompts: int) -> None:
+        self.tokens, self.seconds, self.waiting, self.size = 0, 0.0, prompts, 0
 
+    def prefill_counters(self) -> tuple[int, float]:
+        return self.tokens, self.seconds
 
-def generator(prompts: int) -> SimpleNamespace:
-    """What the chunks read of mlx-lm's generator: its counters and who waits to prefill."""
-    return SimpleNamespace(
-        _counters=SimpleNamespace(prompt_tokens=0, prompt_time=0.0),
-        _prompt_batch=Prefilling(),
-        _unprocessed_sequences=[None] * prompts,
-        prefill_step_size=0,
-    )
+    def prompts_waiting(self) -> int:
+        return self.waiting
+
+    def chunk(self, size: int) -> None:
+        self.size = size
 
 
 def test_chunks_take_what_the_prompts_prefill_in_the_budget() -> None:
     sized = Chunks()
-    gen = generator(prompts=3)
-    sized.resize(gen)
-    assert gen.prefill_step_size == chunks.LOW  # nothing measured yet
-    gen._counters.prompt_tokens, gen._counters.prompt_time = 3 * 512, 0.0128  # 120k tok/s
-    sized.measured(gen)
-    sized.resize(gen)
+    batch = Prefill(prompts=3)
+    sized.resize(batch)
+    assert batch.size == chunks.LOW  # nothing measured yet
+    batch.tokens, batch.seconds = 3 * 512, 0.0128  # 120k tok/s
+    sized.measured(batch)
+    sized.resize(batch)
     # 120k tok/s x 0.1 s over three prompts: 4,000 tokens each, to a power of two
-    assert sized.size == gen.prefill_step_size == gen._prompt_batch.prefill_step_size == 2048
-    gen._unprocessed_sequences = [None]
-    sized.resize(gen)
+    assert sized.size == batch.size == 2048
+    batch.waiting = 1
+    sized.resize(batch)
     assert sized.size == chunks.HIGH  # one prompt alone takes the largest chunk
-    gen._counters.prompt_tokens += 100  # a prompt's short tail is not timed
-    gen._counters.prompt_time += 1.0
-    sized.measured(gen)
+    batch.tokens += 100  # a prompt's short tail is not timed
+    batch.seconds += 1.0
+    sized.measured(batch)
     assert sized.rate == pytest.approx(120_000)
 
 
