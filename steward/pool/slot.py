@@ -49,7 +49,7 @@ class Slot:
         # what its workers measured, learnt as each bring-up ends (`learn`)
         self.measured = 0  # model bytes
         self.device_bytes = 0  # the device's memory, or its recommended working set
-        self.load_s: float | None = None  # the last bring-up
+        self.load_s: float | None = None  # the last bring-up that loaded the model
         self.context_length = kind.declared_context(self.source)  # its files' until then
         self.hot = False  # its standby chose a hot spare
         self.calibration: Calibration | None = None  # what its first worker measured
@@ -144,9 +144,9 @@ class Slot:
         self.measured = snap.model_bytes or self.measured
         self.device_bytes = snap.device_bytes or self.device_bytes
         self.context_length = snap.context_length or self.context_length
-        self.load_s = snap.bring_up_s
+        self.load_s = supervisor.loading_s
         self.hot = supervisor.hot
-        self.calibration = supervisor.bringup.calibration or self.calibration
+        self.calibration = supervisor.calibration or self.calibration
 
     # -- what it publishes ----------------------------------------------------------------
 

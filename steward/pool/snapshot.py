@@ -55,7 +55,7 @@ class ModelSnapshot:
     need_bytes: int  # what it takes of the budget (measured once it has loaded)
     measured: bool
     idle_s: float | None  # since it was last used, while resident
-    load_s: float | None  # its last bring-up, once measured
+    load_s: float | None  # its last bring-up that loaded it (not a spare's swap), once measured
     context_length: int | None
     created: int
     retry_after: int

@@ -200,17 +200,29 @@ class RankGroup:
 
     def verdict(self, now: float) -> str | None:
         """What faults the group now, if anything."""
+        if ended := [r for r in self.ranks if r.ended or r.process.exitcode is not None]:
+            for rank in ended:  # a line closes a moment before its process can be reaped
+                if rank.process.exitcode is None:
+                    rank.process.join(0.1)
+            # the one killed by a signal is the cause; its peers exit on the lost link after
+            first = min(ended, key=lambda rank: (not _signalled(rank), rank.place.rank))
+            return f"{_name(first)} {_ended(first.process.exitcode)}"
         for rank in self.ranks:
-            name = f"rank {rank.place.rank} (pid {rank.process.pid})"
-            if rank.ended or rank.process.exitcode is not None:
-                return f"{name} {_ended(rank.process.exitcode)}"
             if rank.serving and now - rank.pulse > SILENCE:
-                return f"{name} silent for {now - rank.pulse:.1f} s (hung)"
+                return f"{_name(rank)} silent for {now - rank.pulse:.1f} s (hung)"
         late = [str(rank.place.rank) for rank in self.ranks if not rank.joined]
         if late and now - self.started > self.join_timeout:
             named = f"rank {late[0]}" if len(late) == 1 else f"ranks {', '.join(late)}"
             return f"{named} did not join within {self.join_timeout:.0f} s"
         return None
+
+
+def _name(rank: Rank) -> str:
+    return f"rank {rank.place.rank} (pid {rank.process.pid})"
+
+
+def _signalled(rank: Rank) -> bool:
+    return (rank.process.exitcode or 0) < 0
 
 
 def _ended(code: int | None) -> str:

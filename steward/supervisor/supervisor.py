@@ -181,6 +181,17 @@ class Supervisor:
         return self.state
 
     @property
+    def calibration(self) -> Calibration | None:
+        """What the model's first worker measured on this device (a replacement reuses it)."""
+        return self.bringup.calibration
+
+    @property
+    def loading_s(self) -> float:
+        """The last bring-up that loaded the model: what the next load costs (a hot spare's
+        promotion is a swap, not a load)."""
+        return self.bringup.facts.loading_s
+
+    @property
     def hot(self) -> bool:
         """Its standby holds a second copy of the model: a pool's budget counts two."""
         return self.bringup.standby.mode == "hot"

@@ -11,7 +11,7 @@ import pytest
 
 from steward.wire.protocol import Done, FromWorker, Generate, Step
 from steward.worker.inbox import Inbox
-from steward.worker.main import _serve_batched
+from steward.worker.main import serve_batched
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def served(engine, reqs: list[Generate]) -> tuple[dict[int, list], dict[int, Don
         if len(dones) == len(reqs):
             inbox.put(None)
 
-    _serve_batched(engine, inbox, send)
+    serve_batched(engine, inbox, send)
     return tokens, dones
 
 
