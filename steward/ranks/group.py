@@ -154,7 +154,10 @@ class RankGroup:
         await self.kill()
 
     async def kill(self) -> None:
-        """SIGKILL every rank and reap them all."""
+        """SIGKILL every rank and reap them all; a group killed because one of its ranks
+        ended (rank 0's channel closed before the watch's next look) says which first."""
+        if not self._closing and (fault := self.verdict(time.monotonic())) is not None:
+            self._faulted(fault)
         self._closing = True
         await self._kill_ranks()
         self.channel.close()
@@ -193,10 +196,14 @@ class RankGroup:
             await asyncio.sleep(WATCH)
             if self._closing or (fault := self.verdict(time.monotonic())) is None:
                 continue
-            log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, fault)
+            self._faulted(fault)
             await asyncio.sleep(GRACE)
             await self._kill_ranks()  # rank 0's channel ends: the supervisor sees a crash
             return
+
+    def _faulted(self, fault: str) -> None:
+        self._closing = True  # said once: what follows is the killing
+        log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, fault)
 
     def verdict(self, now: float) -> str | None:
         """What faults the group now, if anything."""
