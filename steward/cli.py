@@ -183,6 +183,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         p,
+        "process-ahead",
+        str,
+        "keep the next worker's process started, its runtime imported (host memory only, no "
+        "model, no device): a replacement or spare starts at the device. auto: where the "
+        "workers run on a GPU",
+        choices=["auto", "on", "off"],
+    )
+    _flag(
+        p,
         "prompt-cache-bytes",
         byte_size,
         "KV cache kept for prompt prefixes across requests, LRU (0: none)",

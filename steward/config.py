@@ -40,6 +40,7 @@ class ServeConfig:
     strict_requests: bool = False  # refuse unknown fields and unservable tools (ignored.py)
     max_tokens_default: int = 4096  # the cap when a request gives no max_tokens (0: none)
     standby: str = "auto"  # auto, none, warm (runtime up, no model) or hot (model loaded)
+    process_ahead: str = "auto"  # auto (on a GPU), on, off: supervisor/ahead.py
     prompt_cache_bytes: int = 1024 * 1024 * 1024
     prompt_cache_dir: str | None = None  # the disk tier: none unless given
     prompt_cache_disk_bytes: int = 4 * 1024 * 1024 * 1024

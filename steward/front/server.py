@@ -26,6 +26,7 @@ from steward.ops.metrics import Metrics
 from steward.ops.notify import Notifier
 from steward.pool.catalog import CatalogError, ModelEntry
 from steward.pool.pool import Pool
+from steward.supervisor.ahead import Ahead
 from steward.supervisor.exits import EX_CONFIG
 from steward.wire.faultspec import FaultSpec
 
@@ -107,7 +108,8 @@ async def serve(config: ServeConfig, models: list[ModelEntry], faults: list[Faul
     except OSError as exc:
         log.critical("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return EX_CONFIG
-    pool = Pool(config, models, faults)
+    ahead = Ahead(config.process_ahead)
+    pool = Pool(config, models, faults, spawn=ahead.spawn)
     try:
         pool.check()
     except CatalogError as exc:
@@ -146,6 +148,7 @@ async def serve(config: ServeConfig, models: list[ModelEntry], faults: list[Faul
     stopping.cancel()
     exited.cancel()
     await pool.close()
+    await ahead.close()
     server.should_exit = True
     await serving
     pinging.cancel()

@@ -45,9 +45,12 @@ class WorkerLink:
     """The real line (a `Link`): a worker's socket (one process, or a group of ranks),
     read by one task."""
 
-    def __init__(self, worker: Worker, generation: int) -> None:
+    def __init__(
+        self, worker: Worker, generation: int, up: Callable[[Ready], None] | None = None
+    ) -> None:
         self.worker = worker
         self.generation = generation
+        self.up = up or (lambda ready: None)  # told when the worker says it is ready
         self.heartbeat = self.progress = time.monotonic()
         self.last_step = 0.0  # when its last Step came (monotonic; 0: none yet)
         self.clocks: Callable[[StepClock], None] = lambda clock: None
@@ -149,6 +152,8 @@ class WorkerLink:
                 elif isinstance(msg, Failed):
                     self._fail(self.fault(classify(msg.message), msg.message, msg.traceback))
                 else:
+                    if isinstance(msg, Ready):
+                        self.up(msg)
                     self._control.put_nowait(msg)
         except EOFError:
             await self.worker.wait(2.0)

@@ -4,7 +4,11 @@ Queued jobs join the batch up to its limit: the smallest of `--max-batch`, what 
 can batch, and the halved limit an allocation failure in a batch leaves for the restart
 window. After a fault, the suspects wait in probation groups (recovery.py decides them);
 a group runs with nothing beside it, so the next fault names only its members, and nothing
-else starts until every group has run. Other modules ask; only this one sets a status.
+else starts until every group has run. The first group (most likely innocent: the rest of
+the batch) runs at once; the later ones, the trials likeliest to fault again, are `held`
+until a fault would cost the innocents no bring-up (the supervisor `release`s them once a
+spare is ready, or none is coming), and the queue runs meanwhile. Other modules ask; only
+this one sets a status.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class Scheduler:
         self.running: dict[int, Job] = {}
         self.probation: deque[list[Job]] = deque()
         self.group: list[Job] | None = None  # the probation group running now
+        self.held: deque[list[Job]] = deque()  # trials waiting for a safety net
         self._starting: list[Job] = []  # its members not yet sent
         self.suspects: list[Job] = []  # the last fault's, in no queue while it is handled
         self._shrunk = max_batch
@@ -41,7 +46,8 @@ class Scheduler:
     @property
     def on_probation(self) -> int:
         """Suspects waiting for their group, and the group running."""
-        waiting = sum(j.status is S.SUSPECT for group in self.probation for j in group)
+        groups = [*self.probation, *self.held]
+        waiting = sum(j.status is S.SUSPECT for group in groups for j in group)
         return waiting + len(self.group or [])
 
     @property
@@ -59,7 +65,7 @@ class Scheduler:
     def unfinished(self) -> list[Job]:
         """Every job not ended: running, suspects of a fault being handled, on probation,
         queued."""
-        groups = (j for g in self.probation for j in g)
+        groups = (j for g in [*self.probation, *self.held] for j in g)
         jobs = [*self.running.values(), *self.suspects, *groups, *self.queue]
         return [j for j in dict.fromkeys(jobs) if not j.finished]
 
@@ -119,11 +125,17 @@ class Scheduler:
     def probate(self, groups: list[list[Job]]) -> None:
         """Suspects' groups, tried before anything else, in this order, after the groups
         already waiting: those carry no evidence yet, and their members finishing first
-        lets the faults name the one payload left (quarantine.py)."""
-        for group in groups:
+        lets the faults name the one payload left (quarantine.py). The first runs when its
+        turn comes; the others are held until `release`."""
+        for i, group in enumerate(groups):
             for job in group:
                 job.status = S.SUSPECT
-            self.probation.append(group)
+            (self.held if i else self.probation).append(group)
+
+    def release(self) -> None:
+        """The held trials may fault now at no innocent's cost: they join probation."""
+        self.probation.extend(self.held)
+        self.held.clear()
 
     def requeue(self, jobs: list[Job]) -> None:
         for job in reversed(jobs):
@@ -142,6 +154,7 @@ class Scheduler:
         self.running.clear()
         self.suspects = []
         self.probation.clear()
+        self.held.clear()
         self.group, self._starting = None, []
         self.queue.drain()
         return jobs

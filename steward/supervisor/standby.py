@@ -96,6 +96,12 @@ class Standby:
         ready = self.state == "ready" and not self.warm
         return ready and link is not None and link.alive and not link.failure.done()
 
+    @property
+    def netted(self) -> bool:
+        """A fault now would cost no wait for a spare on its way: one is ready, or none is
+        starting (a suspect tried alone waits for this: scheduler.py)."""
+        return self.state != "starting"
+
     def refill(self, room: bool) -> None:
         """Start a spare unless one is there or on its way; one that holds the model only
         where `room` is left for its copy."""

@@ -203,9 +203,11 @@ class Supervisor:
             self.serving()
             while True:
                 assert self.link is not None
-                self.dispatch.start_next(self.link)
                 if self._spare_may_start():
                     self.bringup.refill()
+                if self.scheduler.held and self.bringup.standby.netted:
+                    self.scheduler.release()
+                self.dispatch.start_next(self.link)
                 await self._watch()
         except Exit as exc:
             state = State.FAILED if exc.code == EX_TEMPFAIL else State.STOPPING

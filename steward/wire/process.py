@@ -3,6 +3,10 @@
 `spawn` (never fork): the front runs threads and an event loop, which fork would copy
 half-way; a spawned child starts clean and imports mlx itself. Death is seen as EOF on
 the socketpair (the child holds the only other end), so no sentinel thread is needed.
+
+A process may be started `ahead` of need, before its settings exist: it imports the
+worker's runtime and waits for them (`hand`), its first frame, pickled as `spawn` would
+have pickled them; from then on it is any worker.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ import contextlib
 import importlib
 import multiprocessing
 import os
+import pickle
 import socket
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, Self
 
 from steward.wire.channel import AsyncChannel
 from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
@@ -52,14 +58,28 @@ class WorkerProcess:
 
     @classmethod
     async def spawn(cls, settings: WorkerSettings) -> WorkerProcess:
+        return await cls._start(_child, settings, f"steward-worker-{settings.generation}")
+
+    @classmethod
+    async def ahead(cls) -> WorkerProcess:
+        """A worker started before its settings exist (`hand` gives them)."""
+        return await cls._start(_ahead, None, "steward-worker-ahead")
+
+    @classmethod
+    async def _start(
+        cls, target: Callable[..., None], settings: WorkerSettings | None, name: str
+    ) -> Self:
         ours, theirs = socket.socketpair()
-        process = _spawn.Process(
-            target=_child, args=(theirs, settings), name=f"steward-worker-{settings.generation}"
-        )
+        args = (theirs,) if settings is None else (theirs, settings)
+        process = _spawn.Process(target=target, args=args, name=name)
         process.daemon = True
         process.start()
         theirs.close()
         return cls(process, await AsyncChannel.open(ours))
+
+    def hand(self, settings: WorkerSettings) -> None:
+        """A process started `ahead`: what it is to be."""
+        self.channel.send(pickle.dumps(settings))
 
     @property
     def pid(self) -> int:
@@ -107,3 +127,8 @@ ENTRY = "steward.worker.main"  # its `run(sock, settings)`: named, never importe
 def _child(sock: socket.socket, settings: WorkerSettings) -> None:
     """The spawned process's entry: the worker's code is imported there alone."""
     importlib.import_module(ENTRY).run(sock, settings)
+
+
+def _ahead(sock: socket.socket) -> None:
+    """A process started ahead's entry: its `ahead(sock)` imports, then waits."""
+    importlib.import_module(ENTRY).ahead(sock)

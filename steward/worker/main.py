@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import resource
 import socket
 import sys
@@ -70,11 +71,42 @@ def run(sock: socket.socket, settings: WorkerSettings, lockstep: Lockstep | None
     """Entry point of the spawned process; rank 0's of a group, with its `lockstep`
     (worker/rank.py)."""
     lifeline.hold(settings.parent_pid)
+    _runtime_settings()
+    phases = runtime.Phases()
+    runtime.process_age(phases)
+    _serve(BlockingChannel(sock), settings, phases, lockstep)
+
+
+def ahead(sock: socket.socket) -> None:
+    """Entry point of a process started ahead of need (wire/process.py): the runtime is
+    imported now, while no one waits; the bring-up that takes this process starts when its
+    settings come, and its phases count from then (its `imports` are what is left)."""
+    lifeline.hold(os.getppid())
+    _runtime_settings()
+    with _file_limit_kept():
+        runtime.imports(runtime.Phases())
+    channel = BlockingChannel(sock)
+    try:
+        settings = pickle.loads(channel.recv())  # the front's own, on its socketpair
+    except EOFError:
+        return
+    _serve(channel, settings, runtime.Phases(), None)
+
+
+def _runtime_settings() -> None:
     runtime.environment(os.environ)  # before mlx is imported
     runtime.without_torch(sys.modules)  # before transformers is
+
+
+def _serve(
+    channel: BlockingChannel,
+    settings: WorkerSettings,
+    phases: runtime.Phases,
+    lockstep: Lockstep | None,
+) -> None:
+    """Load, say `Ready`, serve: the worker's life once its settings are known."""
     if settings.memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (settings.memory_limit, settings.memory_limit))
-    channel = BlockingChannel(sock)
 
     def sent(msg: FromWorker) -> None:
         channel.send(encode(msg))
@@ -82,8 +114,6 @@ def run(sock: socket.socket, settings: WorkerSettings, lockstep: Lockstep | None
     send = sent if lockstep is None else lockstep.sending(sent)
 
     threading.Thread(target=_beat, args=(send,), daemon=True, name="heartbeat").start()
-    phases = runtime.Phases()
-    runtime.process_age(phases)
     head = runtime.Head()
     if settings.warm and (head := _wait_warm(channel, send, settings, phases)) is None:
         return

@@ -112,13 +112,20 @@ def process_age(phases: Phases) -> None:
         pass
 
 
-def imports_and_device(phases: Phases) -> None:
-    """The runtime: what the load imports (mlx's own import allocates), then the device."""
+def imports(phases: Phases) -> None:
+    """What the load imports (mlx's own import allocates): nothing of the device yet."""
     with phases.timed("imports"):
-        import mlx.core as mx
+        import mlx.core  # noqa: F401
         import mlx_lm  # noqa: F401  (its import is most of a worker's start-up)
 
         import steward.worker.engine  # noqa: F401  (mlx-lm's generator, the grammars)
+
+
+def imports_and_device(phases: Phases) -> None:
+    """The runtime: its imports (none left in a process started ahead), then the device."""
+    imports(phases)
+    import mlx.core as mx
+
     with phases.timed("device"):
         square = mx.ones((64, 64), mx.bfloat16)
         mx.eval(square @ square)  # the device's context, its allocator, the BLAS handle

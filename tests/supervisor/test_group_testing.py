@@ -79,6 +79,34 @@ def test_a_poison_joining_a_decoding_batch_costs_two_workers_and_no_innocent(sta
     run(scenario)
 
 
+def test_a_suspect_tried_alone_waits_for_the_next_spare_while_new_requests_are_served():
+    """After the first fault the hot spare serves and the next one starts; the poison's
+    trial alone waits for that one to be ready, so a request arriving meanwhile is answered
+    at once, and the poison's second fault is a swap, not a bring-up that it waits for."""
+
+    async def scenario() -> None:
+        gate, spares = asyncio.Event(), asyncio.Event()
+        spares.set()
+        script = Script(poison={8}, gate=gate, replacements=spares)
+        supervisor = await start(script, standby="hot")
+        await until(lambda: supervisor.bringup.standby.hot_ready)
+        spares.clear()  # the spare after the first one is slow to come
+        innocents = await decoding(supervisor, 7, same=False)
+        poison = submit(supervisor, 8, digest="poison")
+        await replayed(supervisor, innocents)
+        gate.set()
+        assert all(answered(end) for _, end in [await outcome(job) for job in innocents])
+        late = submit(supervisor, 9)
+        assert answered((await outcome(late))[1])  # on the promoted spare, the trial held
+        assert [r.seq for r in script.started].count(8) == 1 and supervisor.fault_log.total == 1
+        assert supervisor.snapshot().probation == 1  # the poison, waiting for its net
+        spares.set()
+        assert quarantined((await outcome(poison))[1])
+        assert [f.outcome for f in supervisor.fault_log.recent] == [Outcome.PROMOTED] * 2
+
+    run(scenario)
+
+
 @pytest.mark.parametrize("sent", [2, 1], ids=["mid-decode", "at-its-first-step"])
 def test_a_transient_crash_in_a_decoding_batch_costs_one_worker_and_no_answer(sent):
     """Struck past every member's first step, the batch runs again as one group; struck at
