@@ -210,7 +210,20 @@ class BringUp:
     async def _spawn(self, warm: bool) -> Link:
         link = await self.spawn(self._settings(warm))
         link.clocks = self.bounds.measured
+        link.calibrated = self._calibrated
         return link
+
+    def _calibrated(self, calibration: Calibration) -> None:
+        """The serving worker measured the model's calibration between requests: later
+        workers are given it, and the batch may be as wide as it says."""
+        self.calibration = calibration
+        model = replace(self.facts.model, max_batch=calibration.max_batch)
+        self.facts = replace(self.facts, model=model)
+        log.info(
+            "calibrated between requests: batch width %d, prefill %.0f tokens/s",
+            calibration.max_batch,
+            calibration.prefill_tps,
+        )
 
     def _settings(self, warm: bool) -> WorkerSettings:
         self.generation += 1

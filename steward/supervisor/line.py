@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from steward.supervisor.faults import Fault
 from steward.wire.protocol import (
+    Calibration,
     Done,
     Generate,
     LoadFailed,
@@ -47,6 +48,8 @@ class Link(Protocol):
     """A worker's line as the supervisor uses it. Times are monotonic."""
 
     clocks: Callable[[StepClock], None]  # each step's clock goes here (the stall bounds)
+    calibrated: Callable[[Calibration], None]  # what it measured between requests goes here
+    calibrating: bool  # it measures between requests: a step may build kernels, unannounced
     failure: asyncio.Future[Fault]  # resolved by the line's first fault (`rearm`: the next)
 
     @property

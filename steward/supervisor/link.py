@@ -24,6 +24,8 @@ from steward.supervisor.faults import Fault, FaultClass, classify, describe_exit
 from steward.supervisor.line import FaultError, Sink
 from steward.wire.process import Worker
 from steward.wire.protocol import (
+    Calibrated,
+    Calibration,
     Done,
     Failed,
     Generate,
@@ -54,6 +56,8 @@ class WorkerLink:
         self.heartbeat = self.progress = time.monotonic()
         self.last_step = 0.0  # when its last Step came (monotonic; 0: none yet)
         self.clocks: Callable[[StepClock], None] = lambda clock: None
+        self.calibrated: Callable[[Calibration], None] = lambda calibration: None
+        self.calibrating = False  # it said so in `Ready`, until `Calibrated`
         self._sinks: dict[int, Sink] = {}  # routing, by request id: the line's alone
         self._stepped: list[asyncio.Future[None]] = []
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
@@ -151,8 +155,12 @@ class WorkerLink:
                     self._finish(msg)
                 elif isinstance(msg, Failed):
                     self._fail(self.fault(classify(msg.message), msg.message, msg.traceback))
+                elif isinstance(msg, Calibrated):
+                    self.calibrating = False
+                    self.calibrated(msg.calibration)
                 else:
                     if isinstance(msg, Ready):
+                        self.calibrating = msg.calibrating
                         self.up(msg)
                     self._control.put_nowait(msg)
         except EOFError:

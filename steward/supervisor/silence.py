@@ -4,7 +4,10 @@ A busy worker must show progress (a step, an admission) within the bound its own
 clock sets for the work in hand (bounds.py), counted from its last progress or from the
 moment the batch became busy. Silent past that bound it is suspected of a hang (what is done
 about it: failover.py); silent to `--stall-timeout`, the ceiling, it is hung. An idle worker
-must answer its heartbeat within the ceiling.
+must answer its heartbeat within the ceiling. A worker that measures its calibration between
+requests (worker/calibrating.py) may be inside a measuring step when a request comes, one
+whose kernels are being built: until it shows progress on the request, only the ceiling
+bounds it (on a machine's first start alone: the calibration is kept).
 
 A suspicion also needs a heartbeat since the last progress, and a fresh one: it is sent
 every second by a thread of its own, which MLX leaves free while a step runs on the device
@@ -84,4 +87,6 @@ def silence(link: Link, running: Collection[Job], busy_since: float, bounds: Ste
     if not running:
         return Silence(link.heartbeat, bounds.ceiling, bounds.ceiling, busy=False)
     allowed = bounds.allowed(work_in_hand(running))
+    if link.calibrating and link.progress < busy_since:  # it may be in a measuring step,
+        allowed = bounds.ceiling  # building kernels: what it takes is known to no clock
     return Silence(max(link.progress, busy_since), allowed, bounds.ceiling, busy=True)

@@ -276,8 +276,12 @@ class Supervisor:
         replay decodes on. On a GPU it starts at once: its start, imports and load run on
         the host's other cores, its short warm-up of shapes and canary are all it asks of
         the device, and a second fault of the same recovery (a poison tried alone) finds it
-        on its way instead of starting a worker from nothing while new requests wait."""
-        return self.bringup.facts.model.gpu or not self.scheduler.replaying
+        on its way instead of starting a worker from nothing while new requests wait; once
+        the model's calibration is known, that is, since a spare without it would measure it
+        too, beside the serving worker measuring it between requests."""
+        if not self.bringup.facts.model.gpu:
+            return not self.scheduler.replaying
+        return self.bringup.calibration is not None
 
     def _silence(self, link: Link) -> Silence:
         running = self.scheduler.running.values()

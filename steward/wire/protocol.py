@@ -127,8 +127,16 @@ class Ready(_Msg):
     thinking: bool = False  # the tokenizer marks thinking (mlx-lm's detection: `<think>`, ...)
     dimensions: int = 0  # an embedding model's vector length (0: a generating model)
     calibration: Calibration | None = None  # measured here, or the one it was given
+    calibrating: bool = False  # none yet: measured between requests, then `Calibrated`
     phases: dict[str, float] = {}  # seconds of each bring-up phase: imports, device, load, warmup
     device: str = ""  # where the model runs: "gpu" or "cpu" ("": not said, an older worker)
+
+
+class Calibrated(_Msg):
+    """A worker that came up without its model's calibration has measured it between
+    requests (worker/calibrating.py): it serves by it now, and later workers are given it."""
+
+    calibration: Calibration
 
 
 class Warm(_Msg):
@@ -293,7 +301,7 @@ def prompt_text(req: Generate | Embed) -> str:
 
 
 ToWorker = Generate | Embed | Cancel | Shutdown | Load
-FromWorker = Ready | Warm | LoadFailed | Heartbeat | Step | Rejected | Failed
+FromWorker = Ready | Calibrated | Warm | LoadFailed | Heartbeat | Step | Rejected | Failed
 
 encode = msgspec.msgpack.Encoder().encode
 decode_to_worker = msgspec.msgpack.Decoder(ToWorker).decode

@@ -499,6 +499,10 @@ class Engine:
         return self.cache is not None or self.disk is not None
 
     def _remember(self, tokens: list[int] | None, cache: list[Any] | None, req: Generate) -> None:
+        """A finished member's KV, for the next request that shares its prefix: never the
+        canary's or a warm-up's, whose prompts no client sends (and would evict theirs)."""
+        if req.internal:
+            return
         if self.cache is not None and tokens and cache:
             self.cache.insert(list(tokens), cache)
         self._save(tokens, cache, req)

@@ -11,6 +11,7 @@ and its GIL are alive.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pickle
@@ -28,6 +29,7 @@ from steward.model.resolve import ModelError, ModelSource, is_vision
 from steward.wire.channel import BlockingChannel
 from steward.wire.protocol import (
     Admitted,
+    Calibrated,
     Calibration,
     Cancel,
     Done,
@@ -55,7 +57,7 @@ from steward.worker.prepared import Prepared
 
 if TYPE_CHECKING:
     from steward.worker.backend import Backend
-    from steward.worker.diskcache import DiskCache
+    from steward.worker.calibrating import Calibrating
     from steward.worker.embedding_engine import EmbeddingEngine
     from steward.worker.engine import Engine
     from steward.worker.lockstep import Lockstep
@@ -118,7 +120,7 @@ def _serve(
     if settings.warm and (head := _wait_warm(channel, send, settings, phases)) is None:
         return
     started = time.perf_counter()
-    calibration = None
+    calibration, measuring = None, None
     try:
         if not settings.warm:
             with _file_limit_kept():
@@ -137,7 +139,7 @@ def _serve(
                 calibration = lockstep_calibration(settings)
                 engine = lockstep.engine(sharded, settings, calibration)
             elif backend.batches:
-                engine, calibration = _engine(backend, settings, phases)
+                engine, calibration, measuring = _engine(backend, settings, phases)
     except CONFIG_ERRORS as exc:
         send(LoadFailed(True, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
@@ -156,6 +158,7 @@ def _serve(
             thinking=backend.thinking,
             dimensions=backend.dimensions if settings.kind == "embedding" else 0,
             calibration=calibration,
+            calibrating=measuring is not None,
             phases=phases.seconds,
             device=runtime.device(),
         )
@@ -174,70 +177,58 @@ def _serve(
     else:
         if lockstep is not None:
             lockstep.pulse.serving = True
-        serve_batched(engine, taking, send)
+        serve_batched(engine, taking, send, measuring)
 
 
 def _engine(
     backend: Backend, settings: WorkerSettings, phases: runtime.Phases
-) -> tuple[Engine, Calibration]:
+) -> tuple[Engine, Calibration | None, Calibrating | None]:
     """The batch engine, its kernels warmed for a first burst (warmup.py), and what sized
-    it: the calibration it was given, or the one kept for this model and device, or one
-    measured here (and kept, on a GPU)."""
-    from steward.worker import calibration, diskcache, warmup
+    it: the calibration it was given, or the one kept for this model and device; else, on a
+    CPU, the width memory allows (nothing there is worth measuring), and on a GPU a
+    provisional width while the worker measures between requests (calibrating.py)."""
+    from steward.worker import calibration, chunks, diskcache, warmup, width
+    from steward.worker.calibrating import Calibrating
     from steward.worker.engine import Engine
 
     disk = diskcache.configured(settings)
     gpu = warmup.on_gpu()
     kept = calibration.name_here(settings) if gpu else ""
     given = settings.calibration or (calibration.stored(kept) if gpu else None)
+    measuring = None
+    if given is None:
+        with phases.timed("measure"):
+            fit = settings.max_batch or _fit(backend, settings)
+        if gpu:
+            provisional = min(fit, settings.max_batch or width.CPU)
+            engine = Engine(backend, provisional, settings.prompt_cache_bytes, disk)
+            keep = functools.partial(calibration.store, kept)
+            measuring = Calibrating(engine, fit, settings.max_batch, keep)
+        else:
+            given = Calibration(min(fit, width.CPU), 0.0, chunks.sized(0.0))
     if given is not None:
         engine = Engine(backend, given.max_batch, settings.prompt_cache_bytes, disk)
         engine.calibrate(given)
         if gpu:
             with phases.timed("warmup"):
                 warmup.shapes(engine)
-    else:
-        with phases.timed("measure"):
-            engine, given = _measured(backend, settings, disk)
-        if gpu:
-            calibration.store(kept, given)
     if disk is not None:
         with phases.timed("disk"):
             disk.probe()
-    return engine, given
+    return engine, given, measuring
 
 
-def _measured(
-    backend: Backend, settings: WorkerSettings, disk: DiskCache | None
-) -> tuple[Engine, Calibration]:
-    """A model's first worker: its width (as many members as fit, up to the knee a GPU
-    measures) and its prefill speed, measured here."""
+def _fit(backend: Backend, settings: WorkerSettings) -> int:
+    """Members whose whole contexts fit in the memory the model leaves (width.py)."""
     import mlx.core as mx
 
-    from steward.worker import chunks, warmup, width
-    from steward.worker.engine import Engine
+    from steward.worker import width
 
-    engine = Engine(backend, settings.max_batch or width.CEILING, settings.prompt_cache_bytes, disk)
-    deadline = time.perf_counter() + warmup.BUDGET
-    gpu = warmup.on_gpu()
-    chosen = settings.max_batch
-    if not chosen:
-        _, device, working_set = _memory()
-        free = width.free_bytes(
-            working_set or device, mx.get_active_memory(), settings.prompt_cache_bytes
-        )
-        fit = width.fits(width.kv_bytes_per_token(backend.model), backend.context_length, free)
-        speeds = (
-            warmup.measure(engine, width.widths(fit), deadline - warmup.BUDGET / 2) if gpu else {}
-        )
-        chosen = min(fit, width.knee(speeds) if speeds else width.CPU)
-    elif gpu:
-        warmup.measure(engine, [chosen], deadline)  # its shapes, warmed
-    engine.widen(chosen)
-    if gpu:
-        warmup.prefill(engine, deadline)
-    rate = engine.chunks.rate
-    return engine, Calibration(chosen, rate, chunks.sized(rate))
+    _, device, working_set = _memory()
+    free = width.free_bytes(
+        working_set or device, mx.get_active_memory(), settings.prompt_cache_bytes
+    )
+    return width.fits(width.kv_bytes_per_token(backend.model), backend.context_length, free)
 
 
 def _embedding_engine(settings: WorkerSettings, injector: Injector) -> EmbeddingEngine:
@@ -253,32 +244,43 @@ def _embedding_engine(settings: WorkerSettings, injector: Injector) -> Embedding
 
 
 def serve_batched(
-    engine: Engine | EmbeddingEngine, inbox: Taking, send: Callable[[FromWorker], None]
+    engine: Engine | EmbeddingEngine,
+    inbox: Taking,
+    send: Callable[[FromWorker], None],
+    measuring: Calibrating | None = None,
 ) -> None:
     """Between steps, let every waiting request join and every cancelled one leave; a
     fault while joining or stepping fails the whole batch. The requests a pass takes in are
     announced in one `Step` before the step that starts their prefill, so the front knows
     how long the silence that follows may honestly last. A generating engine's steps are
     made into text on the output thread (outputs.py), and every message goes through it,
-    in order."""
+    in order. A worker `measuring` its calibration does so while it has no request
+    (calibrating.py)."""
     from steward.worker.engine import Engine
     from steward.worker.outputs import Outputs, Pipeline
 
     generating = isinstance(engine, Engine)
     pipeline = Pipeline(engine.outputs if generating else Outputs(None), send)
     try:
-        _serve_steps(engine, generating, inbox, pipeline)
+        _serve_steps(engine, generating, inbox, pipeline, measuring)
     finally:
         pipeline.close()
 
 
 def _serve_steps(
-    engine: Engine | EmbeddingEngine, generating: bool, inbox: Taking, pipeline: Pipeline
+    engine: Engine | EmbeddingEngine,
+    generating: bool,
+    inbox: Taking,
+    pipeline: Pipeline,
+    measuring: Calibrating | None,
 ) -> None:
     """The loop itself, until told to stop; every message it makes goes on `pipeline`."""
     while True:
         admitted: list[Admitted] = []
-        for msg in inbox.take(wait=not engine.busy):
+        measure = measuring is not None and not measuring.done
+        for msg in inbox.take(wait=not engine.busy and not measure):
+            if measuring is not None and measuring.active:  # the engine is the clients' now
+                _measuring(engine, pipeline, measuring.stop)
             if msg is None or isinstance(msg, Shutdown):
                 return
             if isinstance(msg, Cancel):
@@ -302,6 +304,12 @@ def _serve_steps(
                 pipeline.put(taken)
         if admitted:
             pipeline.put(Step(admitted=admitted))
+        if measuring is not None and measure:
+            if measuring.expired():
+                _measuring(engine, pipeline, measuring.finish)
+            elif measuring.active or not engine.busy:
+                _measuring(engine, pipeline, measuring.step)
+                continue
         try:
             if engine.busy:
                 step = engine.draw() if generating else engine.step()
@@ -311,6 +319,22 @@ def _serve_steps(
                 engine.settle()  # out, and a failure to make it fails the batch now
         except Exception as exc:
             pipeline.put(_failed(engine.drop_all(), exc))
+
+
+def _measuring(
+    engine: Engine | EmbeddingEngine,
+    pipeline: Pipeline,
+    act: Callable[[], Calibration | None],
+) -> None:
+    """A measuring step, or its run's end: the calibration it completes goes to the front;
+    a fault in it is the worker's, as any step's (no request is lost: none is in it)."""
+    try:
+        calibration = act()
+    except Exception as exc:
+        pipeline.put(_failed(engine.drop_all(), exc))
+        return
+    if calibration is not None:
+        pipeline.put(Calibrated(calibration))
 
 
 def _serve_alone(

@@ -42,6 +42,7 @@ TOKENS = 4  # a request's answer
 ANSWER_AFTER = 0.02  # seconds
 STEP = 0.002  # seconds each step says it took
 CALIBRATION = Calibration(32, 1000.0, 512)  # what the first worker measured
+PROVISIONAL = 8  # the width a worker serves while it measures
 
 _pids = itertools.count(1000)
 
@@ -64,6 +65,7 @@ class Script:
     retire: asyncio.Event | None = None  # set: each worker's `retire` to begin with
     starved: bool = False  # heartbeats stop too, as on a machine that does not run the worker
     device: str = "gpu"
+    calibrating: bool = False  # the first worker measures between requests (no calibration)
     model_bytes: int = 2**30
     memory_bytes: int = 24 * 2**30
     links: list[FakeLink] = field(default_factory=list)
@@ -95,6 +97,8 @@ class FakeLink:
         self.started = self.progress = time.monotonic()
         self.last_step = 0.0
         self.clocks = lambda clock: None
+        self.calibrated = lambda calibration: None
+        self.calibrating = False
         self.steps = 0
         self._stepped: list[asyncio.Future[None]] = []
         self.killed = False
@@ -108,18 +112,25 @@ class FakeLink:
             return Warm(self.pid)
         s = self.script
         phases = {"imports": 0.001, "load": 0.001}
+        self.calibrating = s.calibrating and self.generation == 1
         return Ready(
             self.pid,
             4096,
             16,
-            32,
+            PROVISIONAL if self.calibrating else CALIBRATION.max_batch,
             0.0,
             s.model_bytes,
             s.memory_bytes,
-            calibration=CALIBRATION,
+            calibration=None if self.calibrating else CALIBRATION,
+            calibrating=self.calibrating,
             phases=phases,
             device=s.device,
         )
+
+    def measured(self) -> None:
+        """It has measured its calibration between requests (`Calibrated`)."""
+        self.calibrating = False
+        self.calibrated(CALIBRATION)
 
     @property
     def heartbeat(self) -> float:

@@ -105,3 +105,21 @@ def test_the_verdict_is_read_from_times_not_from_the_order_news_came():
     assert failover.verdict(stepped_at=11.0, deadline=10.0, failed=False) is Verdict.HUNG
     assert failover.verdict(stepped_at=0.0, deadline=10.0, failed=False) is Verdict.HUNG
     assert failover.verdict(stepped_at=0.0, deadline=10.0, failed=True) is Verdict.FAILED
+
+
+def test_a_worker_measuring_between_requests_has_the_ceiling_until_it_shows_progress():
+    """It may be in a measuring step that builds kernels when a request comes: no clock
+    says how long that takes, so the first silence of a busy spell is the ceiling's alone;
+    from its first progress on the request, the bounds hold again."""
+    from types import SimpleNamespace
+
+    from steward.supervisor.silence import silence
+
+    bounds = measured(
+        StepClock(1, 0, 0.01, new_shape=True), StepClock(1, 0, 0.01), StepClock(0, 1000, 0.1)
+    )
+    job = SimpleNamespace(started=False, prefill=0, prompt_chars=40)
+    for calibrating, allowed in ((False, FLOOR_GPU), (True, CEILING)):
+        link = SimpleNamespace(calibrating=calibrating, progress=10.0, heartbeat=10.0)
+        assert silence(link, [job], 20.0, bounds).allowed == allowed  # no progress since 20
+        assert silence(link, [job], 5.0, bounds).allowed == FLOOR_GPU  # progress at 10

@@ -17,7 +17,7 @@ from steward.supervisor.jobs import Job
 from steward.supervisor.state import State
 from steward.supervisor.supervisor import Supervisor
 from steward.wire.protocol import Done
-from tests.supervisor.fakelink import TOKENS, Script
+from tests.supervisor.fakelink import CALIBRATION, PROVISIONAL, TOKENS, Script
 from tests.supervisor.harness import answered, outcome, run, start, submit, until
 
 C = FaultClass
@@ -266,6 +266,28 @@ def test_a_crash_promotes_the_spare_and_a_new_one_starts_behind(mode, canaries):
         # warm: the first worker's and the promoted spare's once loaded; hot: the first
         # worker's and each spare's at its start (a crash is no device fault: no more)
         assert sum(len(link.canaries) for link in script.links) == canaries
+
+    run(scenario)
+
+
+def test_a_first_worker_measuring_between_requests_serves_narrow_and_holds_the_spare():
+    """No calibration yet (a machine's first start on a GPU): the worker serves at its
+    provisional width, and no spare starts (it would measure too, on the same device) until
+    the worker says what it measured; then the batch widens, and every later worker is
+    given the calibration."""
+
+    async def scenario() -> None:
+        script = Script(calibrating=True)
+        supervisor = await start(script, standby="hot")
+        first = script.links[0]
+        await answered(submit(supervisor, 1))
+        assert supervisor.scheduler.limit == PROVISIONAL and supervisor.calibration is None
+        await asyncio.sleep(0.2)  # loop turns enough for a spare to start, were it allowed
+        assert supervisor.bringup.standby.state is None and len(script.links) == 1
+        first.measured()
+        await until(lambda: supervisor.bringup.standby.hot_ready)
+        assert supervisor.scheduler.limit == CALIBRATION.max_batch
+        assert script.settings[1].calibration == CALIBRATION  # the spare measures nothing
 
     run(scenario)
 

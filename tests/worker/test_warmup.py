@@ -1,11 +1,10 @@
 """The warm-up's runs (warmup.py), which a worker makes only on a GPU, made here on the CPU
-with the tiny model: the first worker's measurement stops once the knee is passed and times
-the prefill speed, a later worker's run meets its whole width and a chunk, and each leaves
-the engine empty, its shapes met."""
+with the tiny model: the measuring runs stop once the knee is passed and time the prefill
+speed, a later worker's run meets its whole width and a chunk, and each leaves the engine
+empty, its shapes met."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -22,19 +21,19 @@ def backend(tiny_model: Path):
     return Backend(tiny_model, Injector([], 1))
 
 
-def test_the_first_worker_measures_up_to_the_knee_and_the_prefill_speed(backend) -> None:
+def test_the_measuring_runs_time_widths_up_to_the_knee_and_the_prefill_speed(backend) -> None:
     from steward.worker import warmup
     from steward.worker.engine import Engine
 
     engine = Engine(backend, width.CEILING, 1 << 20)
-    deadline = time.perf_counter() + 60
-    widths = [2, 4, 8]
-    speeds = warmup.measure(engine, widths, deadline)
-    assert speeds and list(speeds) == widths[: len(speeds)]
+    widths, speeds = [2, 4, 8], {}
+    steps = sum(1 for _ in warmup.widths(engine, widths, speeds))  # one engine step each
+    assert steps > len(widths) and speeds and list(speeds) == widths[: len(speeds)]
     assert speeds.keys() == set(widths) or width.passed(speeds)  # stopped once past the knee
     assert not engine.busy and (False, max(speeds), 0, 0) in engine.shapes
     engine.widen(4)
-    warmup.prefill(engine, deadline)
+    for _ in warmup.prefill(engine):
+        pass
     assert engine.chunks.rate > 0 and not engine.busy
 
 
