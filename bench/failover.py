@@ -24,8 +24,8 @@ llama in bf16 built here, the default model's tokenizer):
   <= 1 s.
 - `disk`: a conversation of about `--context` (13,000) tokens, then its next turn crashed at
   its 8th token and resumed on the hot spare, with and without `--prompt-cache-dir`.
-  Target: the resumed stream's worst gap and the first answer's TTFT with the disk tier no
-  worse than without.
+  Target: the resumed stream's worst gap and the first turns' TTFT (the median of
+  `OPENINGS` conversations) with the disk tier no worse than without.
 
     python -m bench.failover --random 1b [--runs start,hang,slow,crash,poison,disk]
 """
@@ -52,6 +52,7 @@ from bench.throughput import pct, start_peer
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 SHORT = {"messages": STORY, "max_tokens": 8, "temperature": 0}
 AT_TOKEN = 20  # the token at which a hang or a slow step strikes
+OPENINGS = 5  # first turns of distinct conversations timed per disk run (one is noise)
 
 
 def faulted(clients: int) -> int:
@@ -281,14 +282,17 @@ def poison_run(model: Path, args: argparse.Namespace) -> None:
 # -- the disk tier ------------------------------------------------------------------------
 
 
-def conversation(tokens: int) -> list[dict]:
+def conversation(tokens: int, keeper: int = 0) -> list[dict]:
+    """About `tokens` tokens of a log, none shared with another `keeper`'s."""
     lines = max(1, tokens // 17)  # about 17 tokens a line
-    log = " ".join(f"Log entry {i}: the keeper trimmed the lamp and wound the clock." for i in
-                   range(lines))  # fmt: skip
-    return [{"role": "user", "content": f"{log}\nSummarise the log."}]
+    log = " ".join(f"Log entry {i}: keeper {keeper} trimmed the lamp and wound the clock." for
+                   i in range(lines))  # fmt: skip
+    return [{"role": "user", "content": f"Keeper {keeper}'s log. {log}\nSummarise the log."}]
 
 
-async def turns(url: str, context: int) -> tuple[Streamed | str, Streamed | str]:
+async def turns(url: str, context: int) -> tuple[list[Streamed | str], Streamed | str]:
+    """A conversation's first turn, its next (crashed: request 2), then `OPENINGS - 1` other
+    conversations' first turns: every first turn's TTFT is one sample."""
     first = {"messages": conversation(context), "max_tokens": 16, "temperature": 0}
     async with pooled(url, 1) as client:
         opened = await stream_chat(client, {**first, "stream": True})
@@ -298,7 +302,11 @@ async def turns(url: str, context: int) -> tuple[Streamed | str, Streamed | str]
         body = {"messages": history, "max_tokens": 32, "temperature": 0, "stream": True}
         body["stream_options"] = {"include_usage": True}
         resumed = await stream_chat(client, body)
-    return opened, resumed
+        openings = [opened]
+        for keeper in range(1, OPENINGS):
+            other = {**first, "messages": conversation(context, keeper), "stream": True}
+            openings.append(await stream_chat(client, other))
+    return openings, resumed
 
 
 def disk_run(model: Path, args: argparse.Namespace) -> None:
@@ -311,15 +319,16 @@ def disk_run(model: Path, args: argparse.Namespace) -> None:
         proc, url, _ = steward(model, flags)
         try:
             spare_ready(url, "hot")
-            opened, resumed = asyncio.run(turns(url, args.context))
+            openings, resumed = asyncio.run(turns(url, args.context))
         finally:
             stop(proc)
-        if not (isinstance(opened, Streamed) and whole(resumed)):
+        if not (all(isinstance(o, Streamed) for o in openings) and whole(resumed)):
             raise SystemExit(f"disk {name}: the conversation did not end whole: {resumed}")
-        rows[name] = (opened.times[0] - opened.started, max(gaps(resumed), default=0.0))
+        ttft = pct([o.times[0] - o.started for o in openings if isinstance(o, Streamed)], 0.5)
+        rows[name] = (ttft, max(gaps(resumed), default=0.0))
         cached = ((resumed.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
         line(f"disk {name}: the resumed turn's cached tokens", str(cached))
-        line(f"disk {name}: first TTFT / resumed worst gap",
+        line(f"disk {name}: first turns' TTFT p50 / resumed worst gap",
              f"{rows[name][0]:.3f} / {rows[name][1]:.3f} s")  # fmt: skip
     (ttft_with, gap_with), (ttft_without, gap_without) = rows["with disk"], rows["without"]
     line("disk: worst gap with / without", f"{gap_with / gap_without:.2f}", "<= 1",

@@ -15,7 +15,9 @@ Only where it pays: an entry is loaded only when reading it is sooner than prefi
 tokens it spares, both as measured in this worker (the prefill speed the chunks are sized
 by, or the model's first worker's; the read path's bytes per second, timed once at bring-up
 on a probe entry and then on every read), and nothing is written when reading it would
-never pay (a GPU that prefills faster than the host reads its KV back). A speed not yet
+never pay (a GPU that prefills faster than the host reads its KV back). Both times grow with
+the tokens, so once an entry's bytes per token are known, a tier that does not pay for one
+length pays for none: nothing is looked up or saved then (`never`). A speed not yet
 measured says "load": a CPU's prefill, slow, is the case the tier is for.
 
 Off the token path: the main thread, which alone runs MLX, only copies the arrays on the
@@ -109,6 +111,7 @@ class DiskCache:
         self.epoch = 0
         self.errors = self.reported = 0  # `reported`: errors already told
         self.read_bps = 0.0  # the read path's speed, measured (0: not yet)
+        self.token_bytes = 0.0  # an entry's bytes per token, once one was sized (0: not yet)
         with self.lock:
             self._refresh()
             self._evict(0)
@@ -123,7 +126,7 @@ class DiskCache:
         way are removed. Whatever goes wrong (the directory deleted, a filesystem gone
         read-only, memory) is a miss, never the request's fault: the canary never reads
         this tier, so a fault here would keep failing requests on a worker it keeps."""
-        if len(tokens) < MIN_TOKENS:  # nothing on disk is worth loading for it
+        if len(tokens) < MIN_TOKENS or self.never(prefill_tps):  # nothing worth loading
             return None
         try:
             return self._fetch(tokens, above, prefill_tps)
@@ -157,6 +160,12 @@ class DiskCache:
             log.warning("prompt cache: read speed not measured: %s: %s", type(exc).__name__, exc)
         finally:
             path.unlink(missing_ok=True)
+
+    def never(self, prefill_tps: float) -> bool:
+        """Reading KV back never beats prefilling it at the speeds measured: both grow with
+        the tokens, so it holds for every length, and nothing is looked up or saved."""
+        size = int(self.token_bytes * MIN_TOKENS)
+        return size > 0 and not pays(size, self.read_bps, MIN_TOKENS, prefill_tps)
 
     def _timed(self, size: int, seconds: float) -> None:
         if seconds > 0:
@@ -201,7 +210,7 @@ class DiskCache:
 
     def _save(self, tokens: list[int], cache: list[Any] | None, prefill_tps: float) -> None:
         held = min(len(tokens), _held(cache))
-        if held < MIN_TOKENS or self.queue.full():
+        if held < MIN_TOKENS or self.queue.full() or self.never(prefill_tps):
             return
         assert cache is not None
         if sum(c.nbytes for c in cache) > self.max_bytes:  # could never be kept: not copied
@@ -209,7 +218,10 @@ class DiskCache:
         if self.index.name(tokens[:held]) in self.index.files:  # on disk already
             return
         arrays = _copies(cache, held)
-        if arrays is None or not pays(_size(arrays, held), self.read_bps, held, prefill_tps):
+        if arrays is None:
+            return
+        self.token_bytes = _size(arrays, held) / held
+        if not pays(_size(arrays, held), self.read_bps, held, prefill_tps):
             return
         mx.eval(arrays)  # a copy on the device: the writer copies them to the host
         self.queue.put_nowait(Save(self.epoch, tokens[:held], arrays))

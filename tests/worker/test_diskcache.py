@@ -233,6 +233,8 @@ def test_the_tier_loads_and_writes_only_where_reading_beats_prefilling(tmp_path:
     prompt = [*TOKENS, 1]
     sooner_prefilled = 4 * len(TOKENS) * disk.read_bps / size  # tokens/s: a quarter of the read
     assert disk.fetch(prompt, 0, sooner_prefilled) is None
+    # both times grow with the tokens: at that speed no length pays, none is looked up
+    assert disk.never(sooner_prefilled) and not disk.never(sooner_prefilled / 16)
     assert disk.fetch(prompt, 0, sooner_prefilled / 16) is not None  # 4x the read
     never, later = [[i, *TOKENS] for i in (1, 2)]
     disk.save(never, kv(len(never)), sooner_prefilled * 16)
