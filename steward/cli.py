@@ -227,6 +227,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         p,
+        "hostfile",
+        str,
+        "serve the model over the hosts of MLX's JSON hostfile (mlx.launch's format), one rank "
+        "each: the first is this machine, the others are started over ssh",
+        metavar="FILE",
+    )
+    _flag(
+        p,
         "distributed-backend",
         str,
         "the group's MLX backend: any (ring, for local ranks) or ring; jaccl, nccl and mpi "
@@ -274,7 +282,9 @@ def serve(args: argparse.Namespace) -> int:
 
     specs = args.model or ([_env("model")] if _env("model") else [])  # the command line wins
     args.model = None  # the models are resolved below
-    config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
+    config = ServeConfig(
+        **{f.name: getattr(args, f.name) for f in fields(ServeConfig) if hasattr(args, f.name)}
+    )
     logs.setup(config.log_json, config.log_level)
     try:
         config = with_cache_dir(with_key_file(config))
@@ -303,6 +313,8 @@ def with_ranks(config: ServeConfig, models: int) -> ServeConfig:
 
     if config.ranks < 1:
         raise ValueError(f"--ranks {config.ranks}: must be at least 1")
+    if config.hostfile:
+        config = with_hostfile(config)
     if config.ranks == 1:
         return config
     why = ""
@@ -319,6 +331,26 @@ def with_ranks(config: ServeConfig, models: int) -> ServeConfig:
     if why:
         raise ValueError(f"--ranks {config.ranks}: {why}")
     return replace(config, standby="none")
+
+
+def with_hostfile(config: ServeConfig) -> ServeConfig:
+    """`--hostfile`, read: one rank per host, on the backend it names unless the flag does."""
+    from steward.ranks import hostfile
+
+    if config.ranks != 1:
+        raise ValueError("--ranks and --hostfile: give one or the other")
+    hosts = hostfile.read(config.hostfile or "")
+    backend = config.distributed_backend
+    if hosts.backend and backend not in ("any", hosts.backend):
+        raise ValueError(
+            f"--distributed-backend {backend}, but --hostfile {hosts.path} says {hosts.backend}"
+        )
+    return replace(
+        config,
+        ranks=len(hosts.hosts),
+        rank_hosts=hosts,
+        distributed_backend=hosts.backend or backend,
+    )
 
 
 def with_cache_dir(config: ServeConfig) -> ServeConfig:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
-import multiprocessing
 import os
 import shutil
 import socket
@@ -31,19 +29,20 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from steward.ranks import child
 from steward.ranks.formation import LOCAL, form
+from steward.ranks.remote import SshRank
 from steward.wire.channel import AsyncChannel
 from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
-from steward.wire.ranks import PULSE, RankPlace
+from steward.wire.ranks import HERE, PULSE, RankHost, RankPlace
 from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.ranks")
 
-_spawn = multiprocessing.get_context("spawn")
-ENTRY = "steward.worker.rank"  # its `run(place, settings, line, sock, feeds)`: never imported here
 SILENCE = 3.0  # seconds a serving rank may go without a pulse
 GRACE = 0.5  # seconds rank 0 has to report a fault itself before every rank is killed
 WATCH = 0.1  # seconds between two looks at the ranks
+KILLED = 5.0  # seconds every rank killed has to be reaped (a remote one: its ssh, too)
 
 
 @dataclass(eq=False)
@@ -51,8 +50,9 @@ class Rank:
     """One rank's process and what its pulses said."""
 
     place: RankPlace
-    process: BaseProcess
+    process: BaseProcess | SshRank  # an ssh client holds a remote rank
     host: str
+    pid: int | None = None  # on its host; a remote rank's is known from its pulses
     joined: bool = False
     serving: bool = False
     steps: int = 0
@@ -60,17 +60,26 @@ class Rank:
     progress: float = field(default_factory=time.monotonic)  # it joined or stepped last
     ended: bool = False  # its line ended
 
-    def heard(self, joined: bool, serving: bool, steps: int, now: float) -> None:
+    def heard(self, joined: bool, serving: bool, steps: int, pid: int, now: float) -> None:
         if (joined, serving, steps) != (self.joined, self.serving, self.steps):
             self.progress = now
         self.joined, self.serving, self.steps, self.pulse = joined, serving, steps, now
+        self.pid = pid
+
+    def kill(self) -> None:
+        """SIGKILL it, on its own host (a remote one, over ssh)."""
+        if isinstance(self.process, SshRank):
+            self.process.kill(self.pid)
+        elif self.process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid or 0, 9)
 
     def state(self, now: float) -> dict[str, object]:
         """As /health shows it."""
         return {
             "rank": self.place.rank,
             "host": self.host,
-            "pid": self.process.pid,
+            "pid": self.pid,
             "alive": self.process.exitcode is None,
             "joined": self.joined,
             "serving": self.serving,
@@ -95,22 +104,25 @@ class RankGroup:
     async def spawn(cls, settings: WorkerSettings) -> RankGroup:
         """Every rank started, on fresh ports; none has joined yet."""
         folder = Path(tempfile.mkdtemp(prefix="steward-ranks-"))
-        places = form(settings.ranks, settings.distributed_backend, folder)
+        hosts = _hosts(settings)
+        places = form([host.ips for host in hosts], settings.distributed_backend, folder)
         ours, theirs = socket.socketpair()
         feeds = [socket.socketpair() for _ in places[1:]]
         lines = [socket.socketpair() for _ in places]
         ranks: list[Rank] = []
-        for place, (_, line) in zip(places, lines, strict=True):
-            if place.rank == 0:
-                args = (place, settings, line, theirs, [lead for lead, _ in feeds])
+        for place, host, (_, line) in zip(places, hosts, lines, strict=True):
+            process: BaseProcess | SshRank
+            if place.rank == 0:  # here, whatever its host: it speaks the worker channel
+                process = child.start(place, settings, line, theirs, [lead for lead, _ in feeds])
+            elif host.remote:
+                text = Path(place.hostfile).read_text()
+                feed = feeds[place.rank - 1][1]
+                process = SshRank.start(host, place, settings, text, feed, line)
             else:
-                args = (place, settings, line, None, [feeds[place.rank - 1][1]])
-            process = _spawn.Process(
-                target=_child, args=args, name=f"steward-rank-{settings.generation}.{place.rank}"
-            )
-            process.daemon = True
-            process.start()
-            ranks.append(Rank(place, process, LOCAL))
+                process = child.start(place, settings, line, None, [feeds[place.rank - 1][1]])
+            label = LOCAL if settings.hostfile is None else host.ssh
+            pid = None if isinstance(process, SshRank) else process.pid  # remote: its pulses'
+            ranks.append(Rank(place, process, label, pid=pid))
         for sock in [theirs, *(s for pair in feeds for s in pair), *(s for _, s in lines)]:
             sock.close()
         group = cls(ranks, await AsyncChannel.open(ours), folder, settings.rank_join_timeout)
@@ -121,7 +133,7 @@ class RankGroup:
             settings.generation,
             len(ranks),
             places[0].backend,
-            ", ".join(str(rank.process.pid) for rank in ranks),
+            ", ".join(_where(rank) for rank in ranks),
         )
         return group
 
@@ -166,10 +178,8 @@ class RankGroup:
 
     async def _kill_ranks(self) -> None:
         for rank in self.ranks:
-            if rank.process.exitcode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(rank.process.pid or 0, 9)
-        await self.wait(5.0)
+            rank.kill()
+        await self.wait(KILLED)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     async def wait(self, timeout: float) -> bool:
@@ -184,8 +194,8 @@ class RankGroup:
         reader, writer = await asyncio.open_connection(sock=line)
         try:
             while True:
-                joined, serving, steps = PULSE.unpack(await reader.readexactly(PULSE.size))
-                rank.heard(joined, serving, steps, time.monotonic())
+                joined, serving, steps, pid = PULSE.unpack(await reader.readexactly(PULSE.size))
+                rank.heard(joined, serving, steps, pid, time.monotonic())
         except (asyncio.IncompleteReadError, OSError):
             rank.ended = True
         finally:
@@ -224,8 +234,22 @@ class RankGroup:
         return None
 
 
+def _hosts(settings: WorkerSettings) -> tuple[RankHost, ...]:
+    """Where each rank runs: the hostfile's hosts, or `ranks` times here."""
+    if settings.hostfile is not None:
+        return settings.hostfile.hosts
+    return (RankHost(HERE, (LOCAL,)),) * settings.ranks
+
+
+def _where(rank: Rank) -> str:
+    """As the log names a rank just started: a remote one's pid is not known yet."""
+    return f"ssh {rank.host}" if rank.pid is None else str(rank.pid)
+
+
 def _name(rank: Rank) -> str:
-    return f"rank {rank.place.rank} (pid {rank.process.pid})"
+    return (
+        f"rank {rank.place.rank} (pid {rank.pid}{'' if rank.host == LOCAL else ' on ' + rank.host})"
+    )
 
 
 def _signalled(rank: Rank) -> bool:
@@ -236,14 +260,3 @@ def _ended(code: int | None) -> str:
     if code is None:
         return "closed its line"
     return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-
-
-def _child(
-    place: RankPlace,
-    settings: WorkerSettings,
-    line: socket.socket,
-    sock: socket.socket | None,
-    feeds: list[socket.socket],
-) -> None:
-    """The spawned rank's entry: the worker's code is imported there alone."""
-    importlib.import_module(ENTRY).run(place, settings, line, sock, feeds)

@@ -229,6 +229,7 @@ class BringUp:
             prompt_cache_disk_bytes=self.config.prompt_cache_disk_bytes,
             calibration=self.calibration,
             ranks=self.config.ranks,
+            hostfile=self.config.rank_hosts,
             distributed_backend=self.config.distributed_backend,
             rank_join_timeout=self.config.rank_join_timeout,
         )
