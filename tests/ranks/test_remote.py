@@ -13,13 +13,14 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from steward.ranks.group import GRACE, SILENCE, WATCH
-from tests.conftest import Server, free_port, until
+from tests.conftest import ROOT, Server, free_port, until
 from tests.ranks.test_ranks import PROMPTS, completion, gone, hit_mid_stream, serving_again
 from tests.supervisor.test_resume import assert_whole, stream
 
@@ -144,3 +145,33 @@ def test_a_remote_rank_faulted_mid_stream(remote: Server, fault: signal.Signals)
     assert old.isdisjoint(family(remote))
     why = "killed by signal 9" if fault == signal.SIGKILL else "silent for"
     assert f"rank 1 (pid {victim} on localhost) {why}" in remote.output()
+
+
+def test_the_front_killed_leaves_no_rank_on_either_host(remote: Server) -> None:
+    """SIGKILL of the front (last: the module's server goes with it): rank 0 dies with it,
+    its feed to the remote rank ends, the tether kills the rank, the session and the ssh
+    client end."""
+    group = family(remote)
+    remote.proc.kill()
+    remote.proc.wait(10)
+    until(lambda: all(gone(pid) for pid in group), 10, "every process of the group gone")
+
+
+@pytest.mark.parametrize(
+    ("hosts", "args", "why"),
+    [
+        ([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}], [], "a list of at least two hosts"),
+        ([{"ssh": "127.0.0.1"}, {"ssh": "b"}], [], "ips: the ring backend needs"),
+        ({"backend": "jaccl", "hosts": [{"ssh": "a", "ips": ["1.2.3.4"]}] * 2}, [], "jaccl is not"),
+        ([{"ssh": "a", "ips": ["1.2.3.4"]}] * 2, ["--ranks", "2"], "give one or the other"),
+    ],
+)
+def test_a_hostfile_that_cannot_work_exits_78(tmp_path: Path, hosts, args, why) -> None:
+    path = tmp_path / "hosts.json"
+    path.write_text(json.dumps(hosts))
+    argv = [sys.executable, "-m", "steward", "serve", "--hostfile", str(path), *args]
+    done = subprocess.run(
+        [*argv, "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 78, done.stderr
+    assert why in done.stderr
