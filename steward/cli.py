@@ -242,6 +242,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         choices=["any", "ring", "jaccl", "nccl", "mpi"],
     )
     _flag(p, "rank-join-timeout", float, "seconds every rank of a group has to join it")
+    _flag(
+        p,
+        "parallel",
+        str,
+        "how the model is split over the ranks: tensor (mlx-lm's shard()) or pipeline (its "
+        "pipeline()); auto: tensor where the model has shard(), else pipeline",
+        choices=["auto", "tensor", "pipeline"],
+    )
     _flag(p, "inject-fault", str, "fault injection POINT:ACTION[:TRIGGER] (tests, drills)")
 
 
@@ -318,7 +326,9 @@ def with_ranks(config: ServeConfig, models: int) -> ServeConfig:
     if config.ranks == 1:
         return config
     why = ""
-    if config.distributed_backend not in BUILT:
+    if config.parallel == "pipeline" and config.distributed_backend == "nccl":
+        why = "--parallel pipeline needs send and recv, which the nccl backend lacks"
+    elif config.distributed_backend not in BUILT:
         why = f"--distributed-backend {config.distributed_backend} is not built (any or ring are)"
     elif models > 1:
         why = "more than one model is not built"

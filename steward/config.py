@@ -59,3 +59,4 @@ class ServeConfig:
     rank_hosts: Hostfile | None = None  # the hostfile, read (cli.py): no flag of its own
     distributed_backend: str = "any"  # the group's MLX backend: any or ring are built
     rank_join_timeout: float = 60.0  # seconds every rank of a group has to join it
+    parallel: str = "auto"  # tensor, pipeline; auto: tensor where the model can (sharding.py)

@@ -232,6 +232,7 @@ class BringUp:
             hostfile=self.config.rank_hosts,
             distributed_backend=self.config.distributed_backend,
             rank_join_timeout=self.config.rank_join_timeout,
+            parallel=self.config.parallel,
         )
 
     async def _start_worker(self) -> bool:

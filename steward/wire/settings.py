@@ -28,4 +28,5 @@ class WorkerSettings:
     ranks: int = 1  # ranks of one mx.distributed group (ranks/group.py); 1: one process
     hostfile: Hostfile | None = None  # where each rank runs; None: all here
     distributed_backend: str = "ring"  # the group's MLX backend
+    parallel: str = "auto"  # how the model is split over ranks (worker/sharding.py)
     rank_join_timeout: float = 60.0  # seconds every rank has to join its group

@@ -101,7 +101,7 @@ def run(sock: socket.socket, settings: WorkerSettings, lockstep: Lockstep | None
         else:
             with phases.timed("load"):
                 backend = load_backend(settings.source, injector, head)
-                sharded = None if lockstep is None else lockstep.shard(backend)
+                sharded = None if lockstep is None else lockstep.shard(backend, settings.parallel)
             engine = None
             if lockstep is not None and sharded is not None:
                 calibration = lockstep_calibration(settings)

@@ -66,7 +66,7 @@ def _follow(fed: Fed, settings: WorkerSettings, lockstep: Lockstep) -> None:
     head = runtime.Head()
     try:
         backend = main.load_backend(settings.source, Injector([], settings.generation), head)
-        sharded = lockstep.shard(backend)
+        sharded = lockstep.shard(backend, settings.parallel)
     except main.CONFIG_ERRORS:
         traceback.print_exc()
         fed.held(HOLD)

@@ -224,11 +224,17 @@ def test_sigterm_drains_a_group_and_leaves_no_rank(serve, tiny_model: Path) -> N
         (["--distributed-backend", "jaccl"], "--distributed-backend jaccl is not built"),
         (["--standby", "hot"], "--standby hot is not built for a group"),
         (["--ranks", "3"], "the model's attention heads do not divide over 3 ranks"),
+        (["--parallel", "pipeline"], "--parallel pipeline: a llama model has no pipeline()"),
+        (
+            ["--parallel", "pipeline", "--distributed-backend", "nccl"],
+            "--parallel pipeline needs send and recv, which the nccl backend lacks",
+        ),
     ],
 )
 def test_what_cannot_be_built_exits_78_saying_why(tiny_model: Path, args, why) -> None:
-    """Flags checked before anything starts; a model the ranks cannot shard (the tiny
-    llama's 4 heads over 3 ranks), said by rank 0 while the others hold."""
+    """Flags checked before anything starts; a model the ranks cannot split (the tiny
+    llama's 4 heads over 3 ranks; no pipeline() in mlx-lm's llama), said by rank 0 while the
+    others hold."""
     argv = [sys.executable, "-m", "steward", "serve", "--model", str(tiny_model), "--ranks", "2"]
     port = ["--port", str(free_port())]
     done = subprocess.run(
