@@ -305,62 +305,13 @@ def serve(args: argparse.Namespace) -> int:
             replace(m, kind=kind.resolve(m.kind or config.model_kind, m.source)) for m in models
         ]
         config = replace(config, model=models[0].path, model_kind=models[0].kind)
-        config = with_ranks(config, len(models))
+        catalog.check_groups(models, config)
         faults = parse_all(config.inject_fault)
         catalog.check_aims(faults, models)
     except (ModelError, ValueError, OSError) as exc:
         logging.getLogger("steward").critical("%s", exc)
         return EX_CONFIG
     return asyncio.run(run(config, models, faults))
-
-
-def with_ranks(config: ServeConfig, models: int) -> ServeConfig:
-    """A group of ranks where one can be formed (ValueError, exit 78, saying why not);
-    its standby is none (a spare group is not built)."""
-    from steward.ranks.formation import BUILT
-
-    if config.ranks < 1:
-        raise ValueError(f"--ranks {config.ranks}: must be at least 1")
-    if config.hostfile:
-        config = with_hostfile(config)
-    if config.ranks == 1:
-        return config
-    why = ""
-    if config.parallel == "pipeline" and config.distributed_backend == "nccl":
-        why = "--parallel pipeline needs send and recv, which the nccl backend lacks"
-    elif config.distributed_backend not in BUILT:
-        why = f"--distributed-backend {config.distributed_backend} is not built (any or ring are)"
-    elif models > 1:
-        why = "more than one model is not built"
-    elif config.standby in ("warm", "hot"):
-        why = f"--standby {config.standby} is not built for a group (none or auto)"
-    elif config.prompt_cache_dir:
-        why = "--prompt-cache-dir (the disk tier) is not built for a group"
-    elif config.model_kind == "embedding":
-        why = "an embedding model is not sharded over ranks"
-    if why:
-        raise ValueError(f"--ranks {config.ranks}: {why}")
-    return replace(config, standby="none")
-
-
-def with_hostfile(config: ServeConfig) -> ServeConfig:
-    """`--hostfile`, read: one rank per host, on the backend it names unless the flag does."""
-    from steward.ranks import hostfile
-
-    if config.ranks != 1:
-        raise ValueError("--ranks and --hostfile: give one or the other")
-    hosts = hostfile.read(config.hostfile or "")
-    backend = config.distributed_backend
-    if hosts.backend and backend not in ("any", hosts.backend):
-        raise ValueError(
-            f"--distributed-backend {backend}, but --hostfile {hosts.path} says {hosts.backend}"
-        )
-    return replace(
-        config,
-        ranks=len(hosts.hosts),
-        rank_hosts=hosts,
-        distributed_backend=hosts.backend or backend,
-    )
 
 
 def with_cache_dir(config: ServeConfig) -> ServeConfig:
