@@ -55,3 +55,11 @@ def _with_hostfile(config: ServeConfig) -> ServeConfig:
         rank_hosts=hosts,
         distributed_backend=hosts.backend or backend,
     )
+
+
+def here(config: ServeConfig) -> int:
+    """How many of its ranks run on this machine: rank 0 always, and every other unless a
+    hostfile starts it over ssh."""
+    if config.rank_hosts is None:
+        return config.ranks
+    return 1 + sum(not host.remote for host in config.rank_hosts.hosts[1:])

@@ -85,6 +85,11 @@ def test_each_models_group_is_its_own(tmp_path: Path, tiny_model: Path) -> None:
     assert (b.ranks, b.distributed_backend, b.standby) == (2, "any", "none")
     assert b.rank_hosts is not None and [h.ssh for h in b.rank_hosts.hosts] == ["127.0.0.1", "b"]
     assert (c.ranks, c.standby, c.rank_hosts) == (1, "auto", None)
+    slots = [Slot(entry, ServeConfig()) for entry in load([], models_file(tmp_path, text), [])]
+    for slot in slots:
+        slot.measured = 1000  # rank 0's part, for a group
+    one = budget.need(1000, ServeConfig().prompt_cache_bytes, 1)
+    assert [slot.need() for slot in slots] == [2 * one, one, one]  # b's rank 1 is elsewhere
     hot = f'[a]\npath = "{tiny_model}"\n[b]\npath = "{tiny_model}"\nranks = 2\nstandby = "hot"\n'
     with pytest.raises(CatalogError, match="model b: --ranks 2: --standby hot is not built"):
         check_groups(load([], models_file(tmp_path, hot), []), ServeConfig())
