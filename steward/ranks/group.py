@@ -83,6 +83,7 @@ class Rank:
             "alive": self.process.exitcode is None,
             "joined": self.joined,
             "serving": self.serving,
+            "steps": self.steps,
             "since_progress_s": round(now - self.progress, 3),
         }
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import Server
-from tests.ranks.test_ranks import PROMPTS
+from tests.ranks.test_ranks import PROMPTS, rank_series, sample
 
 
 def answer(server: Server, model: str, prompt: str) -> str:
@@ -36,3 +36,6 @@ def test_one_model_of_a_models_file_over_ranks(serve, tiny_model: Path, tmp_path
         expected = answer(server, "solo", prompt)
         assert len(expected) > 0
         assert answer(server, "group", prompt) == expected
+    series = rank_series(server)  # the group's ranks, under its model's label alone
+    assert series[sample("steward_rank_alive", model="group", rank=1, host="127.0.0.1")] == 1.0
+    assert {name.split('model="')[1].split('"')[0] for name in series} == {"group"}

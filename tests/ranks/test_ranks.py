@@ -100,6 +100,31 @@ def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path
         assert stream(group.url, prompt)["text"] == stream(one.url, prompt)["text"]
 
 
+def rank_series(server: Server) -> dict[str, float]:
+    """/metrics' per-rank samples, by name and labels as exposed."""
+    text = httpx.get(server.url + "/metrics").text
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("steward_rank_")
+    }
+
+
+def sample(name: str, **labels: object) -> str:
+    """A sample's name as /metrics writes it (its labels sorted)."""
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def test_metrics_are_labelled_per_rank(group: Server) -> None:
+    """After the answers above: each rank alive, serving and stepped, by rank and host."""
+    series = rank_series(group)
+    for rank in (0, 1):
+        assert series[sample("steward_rank_alive", rank=rank, host="127.0.0.1")] == 1.0
+        assert series[sample("steward_rank_serving", rank=rank, host="127.0.0.1")] == 1.0
+        assert series[sample("steward_rank_steps_total", rank=rank, host="127.0.0.1")] > 0
+        assert sample("steward_rank_since_progress_seconds", rank=rank, host="127.0.0.1") in series
+
+
 def hit_mid_stream(server: Server, fault: signal.Signals) -> tuple[list[dict], list[dict], float]:
     """Three streams decoding when rank 1 gets `fault`: what each client saw, each prompt's
     unfaulted answer, and how long the group took to be seen faulted."""

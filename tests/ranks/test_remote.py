@@ -21,7 +21,15 @@ import pytest
 
 from steward.ranks.group import GRACE, SILENCE, WATCH
 from tests.conftest import ROOT, Server, free_port, until
-from tests.ranks.test_ranks import PROMPTS, completion, gone, hit_mid_stream, serving_again
+from tests.ranks.test_ranks import (
+    PROMPTS,
+    completion,
+    gone,
+    hit_mid_stream,
+    rank_series,
+    sample,
+    serving_again,
+)
 from tests.supervisor.test_resume import assert_whole, stream
 
 SSHD = Path("/usr/sbin/sshd")
@@ -119,6 +127,7 @@ def test_a_remote_rank_answers_as_one_process_does(remote: Server, serve, tiny_m
     assert [(r["rank"], r["host"]) for r in ranks] == [(0, "127.0.0.1"), (1, "localhost")]
     assert all(r["alive"] and r["joined"] and r["serving"] for r in ranks)
     assert len(family(remote)) == 5  # two ranks, a tether, its session, an ssh client
+    assert rank_series(remote)[sample("steward_rank_alive", rank=1, host="localhost")] == 1.0
     one.wait()
     for prompt in PROMPTS[:2]:
         expected = completion(one.url, prompt, False)
