@@ -24,8 +24,8 @@ from typing import Any
 
 from steward.config import ServeConfig
 from steward.model.resolve import ModelError, ModelSource, resolve_model
+from steward.pool.groups import configure
 from steward.pool.names import DEFAULT, is_pattern, listed_names
-from steward.ranks.configure import configure
 from steward.wire.faultspec import FaultSpec
 
 NAME = re.compile(r"^[A-Za-z0-9][\w.:-]*$")
@@ -81,7 +81,7 @@ class ModelEntry:
 
     def config(self, base: ServeConfig) -> ServeConfig:
         """The ServeConfig its supervisor sees: one model, its own settings, its group's
-        hosts read (ValueError where its group cannot be formed: ranks/configure.py)."""
+        hosts read (ValueError where its group cannot be formed: pool/groups.py)."""
         kind = {"model_kind": self.kind} if self.kind else {}  # else as --model-kind says
         return configure(
             replace(
@@ -250,7 +250,7 @@ def _check_names(entries: list[ModelEntry], where: Callable[[ModelEntry, str], s
 
 
 def check_groups(entries: list[ModelEntry], base: ServeConfig) -> None:
-    """Every model's group can be formed (its settings configured now, not kept)."""
+    """Every model's group can be formed (its settings configured now, not kept: groups.py)."""
     for entry in entries:
         try:
             entry.config(base)

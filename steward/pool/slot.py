@@ -20,8 +20,8 @@ from steward.model import kind
 from steward.model.resolve import is_vision
 from steward.pool import budget
 from steward.pool.catalog import ModelEntry
+from steward.pool.groups import here
 from steward.pool.snapshot import OF_SUPERVISOR, ModelSnapshot, ModelState
-from steward.ranks.configure import here
 from steward.supervisor.events import Observer
 from steward.supervisor.facts import GUESS
 from steward.supervisor.quarantine import Quarantine

@@ -15,7 +15,7 @@ _spawn = multiprocessing.get_context("spawn")
 ENTRY = "steward.worker.rank"  # its `run(place, settings, line, sock, feeds)`: never imported here
 
 
-def start(
+def spawn_rank(
     place: RankPlace,
     settings: WorkerSettings,
     line: socket.socket,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from steward.ranks import child
+from steward.ranks.child import spawn_rank
 from steward.ranks.formation import LOCAL, form
 from steward.ranks.remote import SshRank
 from steward.wire.channel import AsyncChannel
@@ -114,13 +114,13 @@ class RankGroup:
         for place, host, (_, line) in zip(places, hosts, lines, strict=True):
             process: BaseProcess | SshRank
             if place.rank == 0:  # here, whatever its host: it speaks the worker channel
-                process = child.start(place, settings, line, theirs, [lead for lead, _ in feeds])
+                process = spawn_rank(place, settings, line, theirs, [lead for lead, _ in feeds])
             elif host.remote:
                 text = Path(place.hostfile).read_text()
                 feed = feeds[place.rank - 1][1]
                 process = SshRank.start(host, place, settings, text, feed, line)
             else:
-                process = child.start(place, settings, line, None, [feeds[place.rank - 1][1]])
+                process = spawn_rank(place, settings, line, None, [feeds[place.rank - 1][1]])
             label = LOCAL if settings.hostfile is None else host.ssh
             pid = None if isinstance(process, SshRank) else process.pid  # remote: its pulses'
             ranks.append(Rank(place, process, label, pid=pid))

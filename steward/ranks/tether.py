@@ -26,7 +26,7 @@ from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from steward.ranks import child
+from steward.ranks.child import spawn_rank
 
 CHUNK = 65536
 
@@ -39,7 +39,7 @@ def main(payload: str) -> int:
     (folder / "hostfile.json").write_text(hostfile)
     line, their_line = socket.socketpair()
     feed, their_feed = socket.socketpair()
-    process = child.start(
+    process = spawn_rank(
         replace(place, hostfile=str(folder / "hostfile.json")),
         replace(settings, parent_pid=os.getpid()),
         their_line,

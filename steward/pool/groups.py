@@ -1,4 +1,5 @@
-"""A model's group, as its settings ask for one: checked before anything starts.
+"""A model's group of ranks (steward/ranks/), as its settings ask for one: checked before
+anything starts.
 
 The flags (`--ranks`, `--hostfile`, `--distributed-backend`, `--parallel`) set every
 model's; a models file's table may set its own (pool/catalog.py). Each model's settings are
