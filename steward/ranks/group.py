@@ -31,7 +31,7 @@ from pathlib import Path
 
 from steward.ranks.child import spawn_rank
 from steward.ranks.formation import LOCAL, form
-from steward.ranks.remote import SshRank
+from steward.ranks.remote import SSH_FAILED, SshRank
 from steward.wire.channel import AsyncChannel
 from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
 from steward.wire.ranks import HERE, PULSE, RankHost, RankPlace
@@ -224,7 +224,7 @@ class RankGroup:
                     rank.process.join(0.1)
             # the one killed by a signal is the cause; its peers exit on the lost link after
             first = min(ended, key=lambda rank: (not _signalled(rank), rank.place.rank))
-            return f"{_name(first)} {_ended(first.process.exitcode)}"
+            return f"{_name(first)} {_ended(first)}"
         for rank in self.ranks:
             if rank.serving and now - rank.pulse > SILENCE:
                 return f"{_name(rank)} silent for {now - rank.pulse:.1f} s (hung)"
@@ -248,16 +248,20 @@ def _where(rank: Rank) -> str:
 
 
 def _name(rank: Rank) -> str:
-    return (
-        f"rank {rank.place.rank} (pid {rank.pid}{'' if rank.host == LOCAL else ' on ' + rank.host})"
-    )
+    """`rank 1 (pid 6220)`, `rank 1 (pid 6220 on mac2)`, `rank 1 (on mac2)` before it pulsed."""
+    where = [] if rank.pid is None else [f"pid {rank.pid}"]
+    where += [] if rank.host == LOCAL else [f"on {rank.host}"]
+    return f"rank {rank.place.rank} ({' '.join(where)})"
 
 
 def _signalled(rank: Rank) -> bool:
     return (rank.process.exitcode or 0) < 0
 
 
-def _ended(code: int | None) -> str:
+def _ended(rank: Rank) -> str:
+    code = rank.process.exitcode
     if code is None:
         return "closed its line"
+    if code == SSH_FAILED and isinstance(rank.process, SshRank):
+        return "was lost: its ssh failed (status 255: the host unreachable, or the session cut)"
     return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"

@@ -32,6 +32,7 @@ from steward.wire.settings import WorkerSettings
 # never prompt (a host that wants a password fails the bring-up); give up on a dead host
 SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR")
 TETHER = "steward.ranks.tether"
+SSH_FAILED = 255  # ssh's own status: no session, or one that was cut
 KEPT = ("PYTHONPATH",)  # the front's environment the far side needs to find the same steward
 
 
@@ -73,7 +74,7 @@ class SshRank:
     def exitcode(self) -> int | None:
         """As multiprocessing says it: negative for a rank killed by a signal."""
         code = self.client.poll()
-        if code is not None and 128 < code < 255:
+        if code is not None and 128 < code < SSH_FAILED:
             return 128 - code
         return code
 
