@@ -1,5 +1,6 @@
 """Ranks in lockstep: every rank of a group runs the same engine on the same inputs, so that
-every forward's collectives (the sharded layers' `all_sum`) line up.
+every forward's collectives (the tensor-sharded layers' `all_sum`, the pipeline's `send`,
+`recv` and `all_gather`: sharding.py) line up.
 
 Rank 0 speaks the channel and runs the batch loop as one worker does (main.py). Each time
 it takes messages from its inbox, between two steps, it sends the same messages first to

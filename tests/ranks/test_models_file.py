@@ -26,7 +26,11 @@ def test_one_model_of_a_models_file_over_ranks(serve, tiny_model: Path, tmp_path
     server = serve("--models", str(models))
     server.wait()
     health = server.until(
-        lambda h: all(m["state"] == "ready" for m in h.get("models", {}).values()), within=120
+        lambda h: (
+            all(m["state"] == "ready" for m in h["models"].values())
+            and all(r["serving"] for r in h["models"]["group"]["worker"]["ranks"])
+        ),
+        within=120,
     )
     group, solo = health["models"]["group"], health["models"]["solo"]
     assert [r["rank"] for r in group["worker"]["ranks"]] == [0, 1]

@@ -42,6 +42,12 @@ def ranks(server: Server) -> list[dict]:
     return server.health().json()["worker"]["ranks"]
 
 
+def every_rank_serving(server: Server) -> list[dict]:
+    """The ranks once each says it serves (rank 1 says so a pulse after the group is ready)."""
+    serving = server.until(lambda h: all(r["serving"] for r in h["worker"]["ranks"]), within=10)
+    return serving["worker"]["ranks"]
+
+
 def gone(pid: int) -> bool:
     """Exited and reaped: no process (not even a zombie) has the pid."""
     return not Path(f"/proc/{pid}").exists()
@@ -86,9 +92,9 @@ def dialects(url: str, prompt: str) -> dict[str, str]:
 def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path) -> None:
     one = serve("--model", str(tiny_model), "--standby", "none")
     one.wait()
-    health = group.health().json()
-    assert [r["rank"] for r in health["worker"]["ranks"]] == [0, 1]
-    assert all(r["alive"] and r["joined"] and r["serving"] for r in health["worker"]["ranks"])
+    listed = every_rank_serving(group)
+    assert [r["rank"] for r in listed] == [0, 1]
+    assert all(r["alive"] and r["joined"] for r in listed)
     for prompt in PROMPTS:
         expected = completion(one.url, prompt, False)
         assert len(expected) > 0
@@ -144,10 +150,15 @@ def hit_mid_stream(server: Server, fault: signal.Signals) -> tuple[list[dict], l
 
 
 def serving_again(server: Server, generation: int) -> dict:
-    """/health once a later group than `generation` serves (degraded: the fault is in the
-    restart window)."""
+    """/health once a later group than `generation` serves, each of its ranks too (degraded:
+    the fault is in the restart window)."""
     return server.until(
-        lambda h: h["worker"]["generation"] > generation and h["status"] in SERVING, within=120
+        lambda h: (
+            h["worker"]["generation"] > generation
+            and h["status"] in SERVING
+            and all(r["serving"] for r in h["worker"]["ranks"])
+        ),
+        within=120,
     )
 
 
