@@ -170,13 +170,13 @@ def test_the_front_killed_leaves_no_rank_on_either_host(remote: Server) -> None:
 @pytest.mark.parametrize(
     ("hosts", "args", "why"),
     [
-        ([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}], [], "a list of at least two hosts"),
-        ([{"ssh": "127.0.0.1"}, {"ssh": "b"}], [], "ips: the ring backend needs"),
         ({"backend": "jaccl", "hosts": [{"ssh": "a", "ips": ["1.2.3.4"]}] * 2}, [], "jaccl is not"),
         ([{"ssh": "a", "ips": ["1.2.3.4"]}] * 2, ["--ranks", "2"], "give one or the other"),
     ],
 )
 def test_a_hostfile_that_cannot_work_exits_78(tmp_path: Path, hosts, args, why) -> None:
+    """Through the command line, before anything starts (what is wrong inside the file
+    itself: test_hostfile.py)."""
     path = tmp_path / "hosts.json"
     path.write_text(json.dumps(hosts))
     argv = [sys.executable, "-m", "steward", "serve", "--hostfile", str(path), *args]
