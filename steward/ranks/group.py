@@ -10,8 +10,9 @@ rank:
 - has not joined `join_timeout` s after the group was spawned (MLX's own join waits for
   ever).
 Killed means SIGKILL, after `GRACE` s for rank 0 to report what it saw itself (a
-`LoadFailed`, a `Failed`): a rank inside a collective does not act on SIGTERM. Every rank is
-reaped. Rank 0's channel then ends, and the supervisor replaces the worker as it replaces
+`LoadFailed`, a `Failed`): a rank inside a collective does not act on SIGTERM. A rank on
+another host (a hostfile's, remote.py) is killed over ssh, and its session ended. Every
+rank is reaped. Rank 0's channel then ends, and the supervisor replaces the worker as it replaces
 one that crashed: a new group, on fresh ports.
 """
 
