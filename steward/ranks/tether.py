@@ -1,12 +1,14 @@
 """The far end of a rank started over ssh (remote.py): it holds the rank, relays its feed
-and its line through the ssh session, and kills it when the session ends.
+and its line through the ssh session, and kills it when the session ends or the front
+falls silent.
 
 A separate process, since the rank itself cannot be relied on to notice: MLX's join, native
 imports and loads hold its GIL for seconds or for ever, and a rank inside a collective does
 not act on SIGTERM. The tether runs no MLX: it sees its stdin end (rank 0, the front's ssh
-client, the session or the link gone) at once, SIGKILLs the rank and exits. Were the tether
-itself killed, the rank dies with it (worker/lifeline.py: the parent-death signal on Linux,
-a parent-pid watch elsewhere).
+client or the session gone) at once, and the front's heartbeats stop (a link cut without a
+reset, a front stopped) within `FRONT_SILENCE` s; then it SIGKILLs the rank and exits.
+Were the tether itself killed, the rank dies with it (worker/lifeline.py: the parent-death
+signal on Linux, a parent-pid watch elsewhere).
 
 Run as `python -m steward.ranks.tether PAYLOAD`; it exits with its rank's status, 128 + N
 for a rank killed by signal N (the ssh client passes it on).
@@ -22,13 +24,15 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from steward.ranks.child import spawn_rank
+from steward.wire.ranks import CHUNK, DOWN_BEAT, FRONT_SILENCE
 
-CHUNK = 65536
+READ = 65536
 
 
 def main(payload: str) -> int:
@@ -59,17 +63,22 @@ def main(payload: str) -> int:
 
 
 def _relay(feed: socket.socket, line: socket.socket, out: int, process: BaseProcess) -> None:
-    """stdin to the rank's feed, its line to `out`, until either ends or the rank exits."""
-    while True:
-        ready, _, _ = select.select([0, line, process.sentinel], [], [])
+    """stdin's chunks to the rank's feed, its line to `out`, until either ends, the rank
+    exits, or the front has been silent for `FRONT_SILENCE` s."""
+    heard, pending = time.monotonic(), b""
+    while time.monotonic() - heard < FRONT_SILENCE:
+        ready, _, _ = select.select([0, line, process.sentinel], [], [], DOWN_BEAT)
         try:
             if 0 in ready:
-                data = os.read(0, CHUNK)
+                data = os.read(0, READ)
                 if not data:
-                    return  # the session, or rank 0, is gone
-                feed.sendall(data)
+                    return  # the session, the front or rank 0 is gone
+                heard = time.monotonic()
+                chunks, pending = _chunks(pending + data)
+                for chunk in chunks:
+                    feed.sendall(chunk)
             if line in ready:
-                data = line.recv(CHUNK)
+                data = line.recv(READ)
                 if not data:
                     return
                 while data:
@@ -78,6 +87,20 @@ def _relay(feed: socket.socket, line: socket.socket, out: int, process: BaseProc
             return  # the rank's sockets or the session broke
         if process.sentinel in ready:
             return
+    print(f"steward tether: no word from the front for {FRONT_SILENCE:.0f} s", file=sys.stderr)
+
+
+def _chunks(data: bytes) -> tuple[list[bytes], bytes]:
+    """The whole chunks at the start of `data` (heartbeats left out), and what is left."""
+    chunks = []
+    while len(data) >= CHUNK.size:
+        (size,) = CHUNK.unpack_from(data)
+        if len(data) < CHUNK.size + size:
+            break
+        if size:
+            chunks.append(data[CHUNK.size : CHUNK.size + size])
+        data = data[CHUNK.size + size :]
+    return chunks, data
 
 
 if __name__ == "__main__":

@@ -19,6 +19,14 @@ from dataclasses import dataclass
 PULSE = struct.Struct("!??QI")  # joined, serving, steps run so far, its pid (on its host)
 BEAT = 0.25  # seconds between two pulses
 
+# Down an ssh session to a remote rank (ranks/remote.py, ranks/tether.py): rank 0's feed in
+# chunks, each after its length, and the front's heartbeat, an empty chunk every `DOWN_BEAT`
+# s. A far side that hears nothing for `FRONT_SILENCE` s takes the front for lost (a link
+# cut without a reset, a front stopped) and kills its rank.
+CHUNK = struct.Struct("!I")
+DOWN_BEAT = 1.0
+FRONT_SILENCE = 10.0
+
 
 @dataclass(frozen=True)
 class RankPlace:

@@ -14,12 +14,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from steward.ranks.group import GRACE, SILENCE, WATCH
+from steward.wire.ranks import DOWN_BEAT, FRONT_SILENCE
 from tests.conftest import ROOT, Server, free_port, until
 from tests.ranks.test_ranks import (
     PROMPTS,
@@ -155,6 +157,25 @@ def test_a_remote_rank_faulted_mid_stream(remote: Server, fault: signal.Signals)
     assert old.isdisjoint(family(remote))
     why = "killed by signal 9" if fault == signal.SIGKILL else "silent for"
     assert f"rank 1 (pid {victim} on localhost) {why}" in remote.output()
+
+
+def test_a_front_gone_silent_leaves_no_remote_rank(remote: Server) -> None:
+    """The front stopped (SIGSTOP: its heartbeats stop while the ssh session stays up, as
+    over a link cut without a reset): the tether kills its rank within `FRONT_SILENCE` s;
+    the front, resumed, sees the rank gone and forms the group again."""
+    generation = remote.health().json()["worker"]["generation"]
+    victim = remote.health().json()["worker"]["ranks"][1]["pid"]
+    tether = _parent(victim)
+    os.kill(remote.proc.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        until(lambda: gone(victim) and gone(tether), FRONT_SILENCE + 10, "the rank killed")
+        took = time.monotonic() - stopped
+    finally:
+        os.kill(remote.proc.pid, signal.SIGCONT)
+    print(f"a silent front's remote rank killed in {took:.1f} s (bound {FRONT_SILENCE:.0f} s)")
+    assert took < FRONT_SILENCE + DOWN_BEAT + 2.0  # the slack: a loaded machine
+    serving_again(remote, generation)
 
 
 def test_the_front_killed_leaves_no_rank_on_either_host(remote: Server) -> None:
