@@ -52,7 +52,7 @@ class Rank:
 
     place: RankPlace
     process: BaseProcess | SshRank  # an ssh client holds a remote rank
-    host: str
+    host: str  # as the hostfile names it (its `ssh`); local ranks: 127.0.0.1
     pid: int | None = None  # on its host; a remote rank's is known from its pulses
     joined: bool = False
     serving: bool = False
@@ -122,9 +122,8 @@ class RankGroup:
                 process = SshRank.start(host, place, settings, text, feed, line)
             else:
                 process = spawn_rank(place, settings, line, None, [feeds[place.rank - 1][1]])
-            label = LOCAL if settings.hostfile is None else host.ssh
             pid = None if isinstance(process, SshRank) else process.pid  # remote: its pulses'
-            ranks.append(Rank(place, process, label, pid=pid))
+            ranks.append(Rank(place, process, host.ssh, pid=pid))
         for sock in [theirs, *(s for pair in feeds for s in pair), *(s for _, s in lines)]:
             sock.close()
         group = cls(ranks, await AsyncChannel.open(ours), folder, settings.rank_join_timeout)
@@ -251,7 +250,7 @@ def _where(rank: Rank) -> str:
 def _name(rank: Rank) -> str:
     """`rank 1 (pid 6220)`, `rank 1 (pid 6220 on mac2)`, `rank 1 (on mac2)` before it pulsed."""
     where = [] if rank.pid is None else [f"pid {rank.pid}"]
-    where += [] if rank.host == LOCAL else [f"on {rank.host}"]
+    where += [] if rank.host == HERE else [f"on {rank.host}"]
     return f"rank {rank.place.rank} ({' '.join(where)})"
 
 

@@ -36,6 +36,8 @@ READ = 65536
 
 
 def main(payload: str) -> int:
+    """Hold the rank the front's `payload` describes (its place, settings and MLX
+    hostfile's text) until its end; its exit status."""
     place, settings, hostfile = pickle.loads(base64.b64decode(payload))
     out = os.dup(1)  # the rank's line, to the front
     os.dup2(2, 1)  # whatever else is printed here goes to stderr, never into the line
