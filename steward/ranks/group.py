@@ -12,8 +12,11 @@ rank:
 Killed means SIGKILL, after `GRACE` s for rank 0 to report what it saw itself (a
 `LoadFailed`, a `Failed`): a rank inside a collective does not act on SIGTERM. A rank on
 another host (a hostfile's, remote.py) is killed over ssh, and its session ended. Every
-rank is reaped. Rank 0's channel then ends, and the supervisor replaces the worker as it replaces
-one that crashed: a new group, on fresh ports.
+rank is reaped. Rank 0's channel then ends, and the supervisor replaces the worker as it
+replaces one that crashed: a new group, on fresh ports. The log names the cause: the rank
+killed by a signal, when one is seen within the grace, rather than its peers that exited
+on the lost link first. A front that was itself stopped reads its ranks' waiting pulses
+before it judges their silence.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ class RankGroup:
         self.join_timeout = join_timeout
         self.started = time.monotonic()
         self._closing = False
+        self._naming: asyncio.Task[None] | None = None  # saying what faulted it
         self._lines: list[asyncio.Task[None]] = []
         self._watch = asyncio.ensure_future(self._watching())
 
@@ -170,8 +174,10 @@ class RankGroup:
         """SIGKILL every rank and reap them all; a group killed because one of its ranks
         ended (rank 0's channel closed before the watch's next look) says which first."""
         if not self._closing and (fault := self.verdict(time.monotonic())) is not None:
-            self._faulted(fault)
+            self._name(fault)
         self._closing = True
+        if self._naming is not None:
+            await self._naming
         await self._kill_ranks()
         self.channel.close()
         for task in [self._watch, *self._lines]:
@@ -203,18 +209,39 @@ class RankGroup:
             writer.close()
 
     async def _watching(self) -> None:
+        looked = time.monotonic()
         while not self._closing:
             await asyncio.sleep(WATCH)
-            if self._closing or (fault := self.verdict(time.monotonic())) is None:
+            now = time.monotonic()
+            # the front itself was stopped: the ranks' pulses wait unread, and say so next
+            stalled, looked = now - looked > SILENCE, now
+            if self._closing or stalled or (fault := self.verdict(now)) is None:
                 continue
-            self._faulted(fault)
-            await asyncio.sleep(GRACE)
+            naming = self._name(fault)
+            await asyncio.sleep(GRACE)  # for rank 0 to report what it saw itself
+            await naming
             await self._kill_ranks()  # rank 0's channel ends: the supervisor sees a crash
             return
 
-    def _faulted(self, fault: str) -> None:
-        self._closing = True  # said once: what follows is the killing
-        log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, fault)
+    def _name(self, fault: str) -> asyncio.Task[None]:
+        """Say, once, what faulted the group: `fault`, unless within `GRACE` s a rank is
+        seen killed by a signal (the cause: a remote rank's end comes over ssh, after its
+        peers have already exited on the lost link)."""
+        self._closing = True  # what follows is the killing
+        self._naming = asyncio.ensure_future(self._named(fault))
+        return self._naming
+
+    async def _named(self, fault: str) -> None:
+        deadline = time.monotonic() + GRACE
+        while time.monotonic() < deadline and not self._cause_seen():
+            await asyncio.sleep(WATCH)
+        said = self.verdict(time.monotonic()) or fault
+        log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, said)
+
+    def _cause_seen(self) -> bool:
+        """A rank killed by a signal, or no rank left to end."""
+        running = [rank for rank in self.ranks if rank.process.exitcode is None]
+        return not running or any(_signalled(rank) for rank in self.ranks)
 
     def verdict(self, now: float) -> str | None:
         """What faults the group now, if anything."""

@@ -176,6 +176,8 @@ def test_a_front_gone_silent_leaves_no_remote_rank(remote: Server) -> None:
     print(f"a silent front's remote rank killed in {took:.1f} s (bound {FRONT_SILENCE:.0f} s)")
     assert took < FRONT_SILENCE + DOWN_BEAT + 2.0  # the slack: a loaded machine
     serving_again(remote, generation)
+    assert "no word from the front for 10 s" in remote.output()  # the tether's, over ssh
+    assert f"rank 1 (pid {victim} on localhost) killed by signal 9" in remote.output()
 
 
 def test_the_front_killed_leaves_no_rank_on_either_host(remote: Server) -> None:
