@@ -236,6 +236,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         p,
+        "hostfile",
+        str,
+        "serve the model over the hosts of MLX's JSON hostfile (mlx.launch's format), one rank "
+        "each: the first is this machine, the others are started over ssh",
+        metavar="FILE",
+    )
+    _flag(
+        p,
         "distributed-backend",
         str,
         "the group's MLX backend: any (ring, for local ranks) or ring; jaccl, nccl and mpi "
@@ -243,6 +251,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         choices=["any", "ring", "jaccl", "nccl", "mpi"],
     )
     _flag(p, "rank-join-timeout", float, "seconds every rank of a group has to join it")
+    _flag(
+        p,
+        "parallel",
+        str,
+        "how the model is split over the ranks: tensor (mlx-lm's shard()) or pipeline (its "
+        "pipeline()); auto: tensor where the model has shard(), else pipeline",
+        choices=["auto", "tensor", "pipeline"],
+    )
     _flag(p, "inject-fault", str, "fault injection POINT:ACTION[:TRIGGER] (tests, drills)")
 
 
@@ -283,7 +299,9 @@ def serve(args: argparse.Namespace) -> int:
 
     specs = args.model or ([_env("model")] if _env("model") else [])  # the command line wins
     args.model = None  # the models are resolved below
-    config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
+    config = ServeConfig(
+        **{f.name: getattr(args, f.name) for f in fields(ServeConfig) if hasattr(args, f.name)}
+    )
     logs.setup(config.log_json, config.log_level)
     try:
         config = with_cache_dir(with_key_file(config))
@@ -296,38 +314,13 @@ def serve(args: argparse.Namespace) -> int:
             replace(m, kind=kind.resolve(m.kind or config.model_kind, m.source)) for m in models
         ]
         config = replace(config, model=models[0].path, model_kind=models[0].kind)
-        config = with_ranks(config, len(models))
+        catalog.check_groups(models, config)
         faults = parse_all(config.inject_fault)
         catalog.check_aims(faults, models)
     except (ModelError, ValueError, OSError) as exc:
         logging.getLogger("steward").critical("%s", exc)
         return EX_CONFIG
     return asyncio.run(run(config, models, faults))
-
-
-def with_ranks(config: ServeConfig, models: int) -> ServeConfig:
-    """A group of ranks where one can be formed (ValueError, exit 78, saying why not);
-    its standby is none (a spare group is not built)."""
-    from steward.ranks.formation import BUILT
-
-    if config.ranks < 1:
-        raise ValueError(f"--ranks {config.ranks}: must be at least 1")
-    if config.ranks == 1:
-        return config
-    why = ""
-    if config.distributed_backend not in BUILT:
-        why = f"--distributed-backend {config.distributed_backend} is not built (any or ring are)"
-    elif models > 1:
-        why = "more than one model is not built"
-    elif config.standby in ("warm", "hot"):
-        why = f"--standby {config.standby} is not built for a group (none or auto)"
-    elif config.prompt_cache_dir:
-        why = "--prompt-cache-dir (the disk tier) is not built for a group"
-    elif config.model_kind == "embedding":
-        why = "an embedding model is not sharded over ranks"
-    if why:
-        raise ValueError(f"--ranks {config.ranks}: {why}")
-    return replace(config, standby="none")
 
 
 def with_cache_dir(config: ServeConfig) -> ServeConfig:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from steward.wire.ranks import Hostfile
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -53,6 +55,9 @@ class ServeConfig:
     models: str | None = None  # a models file (SPEC §9): one TOML table per model
     memory_budget: int | None = None  # bytes resident models may take; None: the device's
     on_model_failed: str = "auto"  # exit, serve; auto: exit with one model, serve with more
-    ranks: int = 1  # local ranks of one mx.distributed group serving the model (ranks/)
+    ranks: int = 1  # ranks of one mx.distributed group serving the model (ranks/)
+    hostfile: str | None = None  # MLX's JSON hostfile: the ranks' hosts (ranks/hostfile.py)
+    rank_hosts: Hostfile | None = None  # the hostfile, read (cli.py): no flag of its own
     distributed_backend: str = "any"  # the group's MLX backend: any or ring are built
     rank_join_timeout: float = 60.0  # seconds every rank of a group has to join it
+    parallel: str = "auto"  # tensor, pipeline; auto: tensor where the model can (sharding.py)

@@ -18,7 +18,7 @@ BELOW = {
     "worker": {"model", "wire"},
     "ranks": {"model", "wire"},
     "supervisor": {"config", "errors", "model", "wire", "ranks"},
-    "pool": {"config", "errors", "model", "wire", "supervisor"},
+    "pool": {"config", "errors", "model", "wire", "supervisor", "ranks"},
     "ops": {"supervisor", "wire", "pool"},
     "front": {"config", "errors", "model", "wire", "supervisor", "pool", "ops"},
 }

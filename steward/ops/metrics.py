@@ -24,6 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from steward.ops.rank_metrics import RanksCollector
 from steward.pool.snapshot import ModelState, PoolSnapshot
 from steward.supervisor.events import Observer
 from steward.supervisor.snapshot import Snapshot
@@ -222,6 +223,8 @@ class Metrics(ModelSeries):
         )
         self.models = ModelsCollector()
         r.register(self.models)
+        self.ranks = RanksCollector(labelled)
+        r.register(self.ranks)
         if not labelled:
             for result in ("pass", "fail"):
                 self.canaries.labels(result)
@@ -254,6 +257,11 @@ class Metrics(ModelSeries):
             for model in snapshot.models:
                 self.series(model.name).gauges(model.detail, model.state.value)
         self.models.snapshot = None if isinstance(snapshot, Snapshot) else snapshot
+        self.ranks.taken = (
+            [("", snapshot)]
+            if isinstance(snapshot, Snapshot)
+            else [(m.name, m.detail) for m in snapshot.models if m.detail is not None]
+        )
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 

@@ -24,14 +24,28 @@ from typing import Any
 
 from steward.config import ServeConfig
 from steward.model.resolve import ModelError, ModelSource, resolve_model
+from steward.pool.groups import configure
 from steward.pool.names import DEFAULT, is_pattern, listed_names
 from steward.wire.faultspec import FaultSpec
 
 NAME = re.compile(r"^[A-Za-z0-9][\w.:-]*$")
-KINDS = ("auto", "chat", "embedding")
-STANDBY = ("auto", "none", "warm", "hot")
 # a model's own settings: ServeConfig fields its table may override
-OVERRIDES = ("max_batch", "standby", "max_restarts", "prompt_cache_bytes")
+OVERRIDES = (
+    "max_batch",
+    "standby",
+    "max_restarts",
+    "prompt_cache_bytes",
+    "ranks",
+    "hostfile",
+    "distributed_backend",
+    "parallel",
+)
+CHOICES = {  # a model's settings that take one of a few values
+    "kind": ("auto", "chat", "embedding"),
+    "standby": ("auto", "none", "warm", "hot"),
+    "distributed_backend": ("any", "ring", "jaccl", "nccl", "mpi"),
+    "parallel": ("auto", "tensor", "pipeline"),
+}
 KEYS: dict[str, type | tuple[type, ...]] = {
     "path": str,
     "aliases": list,
@@ -42,6 +56,10 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "standby": str,
     "max_restarts": int,
     "prompt_cache_bytes": int,
+    "ranks": int,
+    "hostfile": str,
+    "distributed_backend": str,
+    "parallel": str,
 }
 
 
@@ -62,10 +80,17 @@ class ModelEntry:
     source: ModelSource | None = None  # once resolved
 
     def config(self, base: ServeConfig) -> ServeConfig:
-        """The ServeConfig its supervisor sees: one model, its own settings."""
+        """The ServeConfig its supervisor sees: one model, its own settings, its group's
+        hosts read (ValueError where its group cannot be formed: pool/groups.py)."""
         kind = {"model_kind": self.kind} if self.kind else {}  # else as --model-kind says
-        return replace(
-            base, model=self.path, served_model_name=list(self.aliases), **kind, **self.overrides
+        return configure(
+            replace(
+                base,
+                model=self.path,
+                served_model_name=list(self.aliases),
+                **kind,
+                **self.overrides,
+            )
         )
 
 
@@ -121,11 +146,10 @@ def _table_entry(path: str, text: str, name: str, table: Any) -> ModelEntry:
     aliases = table.get("aliases", [])
     if not all(isinstance(a, str) and a for a in aliases):
         raise wrong(f"[{name}] aliases: a list of names", "aliases")
-    if table.get("kind", "auto") not in KINDS:
-        raise wrong(f"[{name}] kind: one of {', '.join(KINDS)}", "kind")
-    if table.get("standby", "auto") not in STANDBY:
-        raise wrong(f"[{name}] standby: one of {', '.join(STANDBY)}", "standby")
-    for key in ("max_batch",):
+    for key, choices in CHOICES.items():
+        if table.get(key, choices[0]) not in choices:
+            raise wrong(f"[{name}] {key}: one of {', '.join(choices)}", key)
+    for key in ("max_batch", "ranks"):
         if key in table and table[key] < 1:
             raise wrong(f"[{name}] {key}: at least 1", key)
     for key in ("max_restarts", "prompt_cache_bytes", "idle_ttl"):
@@ -223,6 +247,17 @@ def _check_names(entries: list[ModelEntry], where: Callable[[ModelEntry, str], s
                 key = "aliases" if name != entry.name else "path"
                 raise CatalogError(f"{where(entry, key)}: the name {name!r} is given twice{also}")
             seen[name] = entry.name
+
+
+def check_groups(entries: list[ModelEntry], base: ServeConfig) -> None:
+    """Every model's group can be formed (its settings configured now, not kept: groups.py)."""
+    for entry in entries:
+        try:
+            entry.config(base)
+        except ValueError as exc:
+            raise CatalogError(
+                f"model {entry.name}: {exc}" if len(entries) > 1 else str(exc)
+            ) from exc
 
 
 def check_aims(faults: list[FaultSpec], entries: list[ModelEntry]) -> None:

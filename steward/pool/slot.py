@@ -20,6 +20,7 @@ from steward.model import kind
 from steward.model.resolve import is_vision
 from steward.pool import budget
 from steward.pool.catalog import ModelEntry
+from steward.pool.groups import here
 from steward.pool.snapshot import OF_SUPERVISOR, ModelSnapshot, ModelState
 from steward.supervisor.events import Observer
 from steward.supervisor.facts import GUESS
@@ -67,8 +68,11 @@ class Slot:
         return (self.supervisor and self.supervisor.context_length) or self.context_length
 
     def need(self) -> int:
-        weights = self.measured or self.weights
-        return budget.need(weights, self.config.prompt_cache_bytes, self.copies)
+        """What its workers take of this machine's memory: for a group, one rank's part
+        (rank 0's measure, else the files' share) for each of its ranks here."""
+        weights = self.measured or -(-self.weights // self.config.ranks)
+        one = budget.need(weights, self.config.prompt_cache_bytes, self.copies)
+        return one * here(self.config)
 
     def retry_after(self) -> int:
         """What a 503 for it says now: its supervisor's estimate while resident, else what

@@ -2,8 +2,9 @@
 
 The supervisor never learns of ranks: where it spawns a worker, `spawn_worker` gives it a
 `RankGroup` (group.py) when the model runs over ranks, with the same handle a worker
-process has (wire/process.py `Worker`). How a group is formed is formation.py; what each
-rank runs is worker/rank.py and worker/lockstep.py.
+process has (wire/process.py `Worker`). How a group is formed is formation.py; where its
+ranks run, hostfile.py (`--hostfile`), child.py (here) and remote.py with tether.py (over
+ssh); what each rank runs is worker/rank.py and worker/lockstep.py.
 """
 
 from __future__ import annotations

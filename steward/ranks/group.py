@@ -10,18 +10,20 @@ rank:
 - has not joined `join_timeout` s after the group was spawned (MLX's own join waits for
   ever).
 Killed means SIGKILL, after `GRACE` s for rank 0 to report what it saw itself (a
-`LoadFailed`, a `Failed`): a rank inside a collective does not act on SIGTERM. Every rank is
-reaped. Rank 0's channel then ends, and the supervisor replaces the worker as it replaces
-one that crashed: a new group, on fresh ports.
+`LoadFailed`, a `Failed`): a rank inside a collective does not act on SIGTERM. A rank on
+another host (a hostfile's, remote.py) is killed over ssh, and its session ended. Every
+rank is reaped. Rank 0's channel then ends, and the supervisor replaces the worker as it
+replaces one that crashed: a new group, on fresh ports. The log names the cause: the rank
+killed by a signal, when one is seen within the grace, rather than its peers that exited
+on the lost link first. A front that was itself stopped reads its ranks' waiting pulses
+before it judges their silence.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
-import multiprocessing
 import os
 import shutil
 import socket
@@ -31,19 +33,20 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from steward.ranks.child import spawn_rank
 from steward.ranks.formation import LOCAL, form
+from steward.ranks.remote import SSH_FAILED, SshRank
 from steward.wire.channel import AsyncChannel
 from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
-from steward.wire.ranks import PULSE, RankPlace
+from steward.wire.ranks import HERE, PULSE, RankHost, RankPlace
 from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.ranks")
 
-_spawn = multiprocessing.get_context("spawn")
-ENTRY = "steward.worker.rank"  # its `run(place, settings, line, sock, feeds)`: never imported here
 SILENCE = 3.0  # seconds a serving rank may go without a pulse
 GRACE = 0.5  # seconds rank 0 has to report a fault itself before every rank is killed
 WATCH = 0.1  # seconds between two looks at the ranks
+KILLED = 5.0  # seconds every rank killed has to be reaped (a remote one: its ssh, too)
 
 
 @dataclass(eq=False)
@@ -51,8 +54,9 @@ class Rank:
     """One rank's process and what its pulses said."""
 
     place: RankPlace
-    process: BaseProcess
-    host: str
+    process: BaseProcess | SshRank  # an ssh client holds a remote rank
+    host: str  # as the hostfile names it (its `ssh`); local ranks: 127.0.0.1
+    pid: int | None = None  # on its host; a remote rank's is known from its pulses
     joined: bool = False
     serving: bool = False
     steps: int = 0
@@ -60,20 +64,30 @@ class Rank:
     progress: float = field(default_factory=time.monotonic)  # it joined or stepped last
     ended: bool = False  # its line ended
 
-    def heard(self, joined: bool, serving: bool, steps: int, now: float) -> None:
+    def heard(self, joined: bool, serving: bool, steps: int, pid: int, now: float) -> None:
         if (joined, serving, steps) != (self.joined, self.serving, self.steps):
             self.progress = now
         self.joined, self.serving, self.steps, self.pulse = joined, serving, steps, now
+        self.pid = pid
+
+    def kill(self) -> None:
+        """SIGKILL it, on its own host (a remote one, over ssh)."""
+        if isinstance(self.process, SshRank):
+            self.process.kill(self.pid)
+        elif self.process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid or 0, 9)
 
     def state(self, now: float) -> dict[str, object]:
         """As /health shows it."""
         return {
             "rank": self.place.rank,
             "host": self.host,
-            "pid": self.process.pid,
+            "pid": self.pid,
             "alive": self.process.exitcode is None,
             "joined": self.joined,
             "serving": self.serving,
+            "steps": self.steps,
             "since_progress_s": round(now - self.progress, 3),
         }
 
@@ -88,6 +102,7 @@ class RankGroup:
         self.join_timeout = join_timeout
         self.started = time.monotonic()
         self._closing = False
+        self._naming: asyncio.Task[None] | None = None  # saying what faulted it
         self._lines: list[asyncio.Task[None]] = []
         self._watch = asyncio.ensure_future(self._watching())
 
@@ -95,22 +110,24 @@ class RankGroup:
     async def spawn(cls, settings: WorkerSettings) -> RankGroup:
         """Every rank started, on fresh ports; none has joined yet."""
         folder = Path(tempfile.mkdtemp(prefix="steward-ranks-"))
-        places = form(settings.ranks, settings.distributed_backend, folder)
+        hosts = _hosts(settings)
+        places = form([host.ips for host in hosts], settings.distributed_backend, folder)
         ours, theirs = socket.socketpair()
         feeds = [socket.socketpair() for _ in places[1:]]
         lines = [socket.socketpair() for _ in places]
         ranks: list[Rank] = []
-        for place, (_, line) in zip(places, lines, strict=True):
-            if place.rank == 0:
-                args = (place, settings, line, theirs, [lead for lead, _ in feeds])
+        for place, host, (_, line) in zip(places, hosts, lines, strict=True):
+            process: BaseProcess | SshRank
+            if place.rank == 0:  # here, whatever its host: it speaks the worker channel
+                process = spawn_rank(place, settings, line, theirs, [lead for lead, _ in feeds])
+            elif host.remote:
+                text = Path(place.hostfile).read_text()
+                feed = feeds[place.rank - 1][1]
+                process = SshRank.start(host, place, settings, text, feed, line)
             else:
-                args = (place, settings, line, None, [feeds[place.rank - 1][1]])
-            process = _spawn.Process(
-                target=_child, args=args, name=f"steward-rank-{settings.generation}.{place.rank}"
-            )
-            process.daemon = True
-            process.start()
-            ranks.append(Rank(place, process, LOCAL))
+                process = spawn_rank(place, settings, line, None, [feeds[place.rank - 1][1]])
+            pid = None if isinstance(process, SshRank) else process.pid  # remote: its pulses'
+            ranks.append(Rank(place, process, host.ssh, pid=pid))
         for sock in [theirs, *(s for pair in feeds for s in pair), *(s for _, s in lines)]:
             sock.close()
         group = cls(ranks, await AsyncChannel.open(ours), folder, settings.rank_join_timeout)
@@ -121,7 +138,7 @@ class RankGroup:
             settings.generation,
             len(ranks),
             places[0].backend,
-            ", ".join(str(rank.process.pid) for rank in ranks),
+            ", ".join(_where(rank) for rank in ranks),
         )
         return group
 
@@ -157,8 +174,10 @@ class RankGroup:
         """SIGKILL every rank and reap them all; a group killed because one of its ranks
         ended (rank 0's channel closed before the watch's next look) says which first."""
         if not self._closing and (fault := self.verdict(time.monotonic())) is not None:
-            self._faulted(fault)
+            self._name(fault)
         self._closing = True
+        if self._naming is not None:
+            await self._naming
         await self._kill_ranks()
         self.channel.close()
         for task in [self._watch, *self._lines]:
@@ -166,10 +185,8 @@ class RankGroup:
 
     async def _kill_ranks(self) -> None:
         for rank in self.ranks:
-            if rank.process.exitcode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(rank.process.pid or 0, 9)
-        await self.wait(5.0)
+            rank.kill()
+        await self.wait(KILLED)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     async def wait(self, timeout: float) -> bool:
@@ -184,26 +201,47 @@ class RankGroup:
         reader, writer = await asyncio.open_connection(sock=line)
         try:
             while True:
-                joined, serving, steps = PULSE.unpack(await reader.readexactly(PULSE.size))
-                rank.heard(joined, serving, steps, time.monotonic())
+                joined, serving, steps, pid = PULSE.unpack(await reader.readexactly(PULSE.size))
+                rank.heard(joined, serving, steps, pid, time.monotonic())
         except (asyncio.IncompleteReadError, OSError):
             rank.ended = True
         finally:
             writer.close()
 
     async def _watching(self) -> None:
+        looked = time.monotonic()
         while not self._closing:
             await asyncio.sleep(WATCH)
-            if self._closing or (fault := self.verdict(time.monotonic())) is None:
+            now = time.monotonic()
+            # the front itself was stopped: the ranks' pulses wait unread, and say so next
+            stalled, looked = now - looked > SILENCE, now
+            if self._closing or stalled or (fault := self.verdict(now)) is None:
                 continue
-            self._faulted(fault)
-            await asyncio.sleep(GRACE)
+            naming = self._name(fault)
+            await asyncio.sleep(GRACE)  # for rank 0 to report what it saw itself
+            await naming
             await self._kill_ranks()  # rank 0's channel ends: the supervisor sees a crash
             return
 
-    def _faulted(self, fault: str) -> None:
-        self._closing = True  # said once: what follows is the killing
-        log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, fault)
+    def _name(self, fault: str) -> asyncio.Task[None]:
+        """Say, once, what faulted the group: `fault`, unless within `GRACE` s a rank is
+        seen killed by a signal (the cause: a remote rank's end comes over ssh, after its
+        peers have already exited on the lost link)."""
+        self._closing = True  # what follows is the killing
+        self._naming = asyncio.ensure_future(self._named(fault))
+        return self._naming
+
+    async def _named(self, fault: str) -> None:
+        deadline = time.monotonic() + GRACE
+        while time.monotonic() < deadline and not self._cause_seen():
+            await asyncio.sleep(WATCH)
+        said = self.verdict(time.monotonic()) or fault
+        log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, said)
+
+    def _cause_seen(self) -> bool:
+        """A rank killed by a signal, or no rank left to end."""
+        running = [rank for rank in self.ranks if rank.process.exitcode is None]
+        return not running or any(_signalled(rank) for rank in self.ranks)
 
     def verdict(self, now: float) -> str | None:
         """What faults the group now, if anything."""
@@ -213,7 +251,7 @@ class RankGroup:
                     rank.process.join(0.1)
             # the one killed by a signal is the cause; its peers exit on the lost link after
             first = min(ended, key=lambda rank: (not _signalled(rank), rank.place.rank))
-            return f"{_name(first)} {_ended(first.process.exitcode)}"
+            return f"{_name(first)} {_ended(first)}"
         for rank in self.ranks:
             if rank.serving and now - rank.pulse > SILENCE:
                 return f"{_name(rank)} silent for {now - rank.pulse:.1f} s (hung)"
@@ -224,26 +262,33 @@ class RankGroup:
         return None
 
 
+def _hosts(settings: WorkerSettings) -> tuple[RankHost, ...]:
+    """Where each rank runs: the hostfile's hosts, or `ranks` times here."""
+    if settings.hostfile is not None:
+        return settings.hostfile.hosts
+    return (RankHost(HERE, (LOCAL,)),) * settings.ranks
+
+
+def _where(rank: Rank) -> str:
+    """As the log names a rank just started: a remote one's pid is not known yet."""
+    return f"ssh {rank.host}" if rank.pid is None else str(rank.pid)
+
+
 def _name(rank: Rank) -> str:
-    return f"rank {rank.place.rank} (pid {rank.process.pid})"
+    """`rank 1 (pid 6220)`, `rank 1 (pid 6220 on mac2)`, `rank 1 (on mac2)` before it pulsed."""
+    where = [] if rank.pid is None else [f"pid {rank.pid}"]
+    where += [] if rank.host == HERE else [f"on {rank.host}"]
+    return f"rank {rank.place.rank} ({' '.join(where)})"
 
 
 def _signalled(rank: Rank) -> bool:
     return (rank.process.exitcode or 0) < 0
 
 
-def _ended(code: int | None) -> str:
+def _ended(rank: Rank) -> str:
+    code = rank.process.exitcode
     if code is None:
         return "closed its line"
+    if code == SSH_FAILED and isinstance(rank.process, SshRank):
+        return "was lost: its ssh failed (status 255: the host unreachable, or the session cut)"
     return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-
-
-def _child(
-    place: RankPlace,
-    settings: WorkerSettings,
-    line: socket.socket,
-    sock: socket.socket | None,
-    feeds: list[socket.socket],
-) -> None:
-    """The spawned rank's entry: the worker's code is imported there alone."""
-    importlib.import_module(ENTRY).run(place, settings, line, sock, feeds)

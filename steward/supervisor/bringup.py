@@ -242,8 +242,10 @@ class BringUp:
             prompt_cache_disk_bytes=self.config.prompt_cache_disk_bytes,
             calibration=self.calibration,
             ranks=self.config.ranks,
+            hostfile=self.config.rank_hosts,
             distributed_backend=self.config.distributed_backend,
             rank_join_timeout=self.config.rank_join_timeout,
+            parallel=self.config.parallel,
         )
 
     async def _start_worker(self) -> bool:

@@ -3,7 +3,8 @@ sends the supervisor on a line of its own (worker/rank.py).
 
 The pulse is how a hung rank is seen while the others spin in a collective that waits for
 it: each rank beats every `BEAT` s, with whether it has joined the group, whether it serves
-(its batch loop runs) and how many steps it has run. Only a serving rank's silence means
+(its batch loop runs), how many steps it has run, and its pid (a remote rank's is known
+only from its pulses). Only a serving rank's silence means
 it is stopped or wedged: MLX's `mx.distributed.init` holds the GIL while it waits for the
 peers, and so do native imports and loads (measured: a rank silent for over 3 s while it
 imported, on a loaded machine), while a serving rank's beats go on even inside a
@@ -15,8 +16,16 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-PULSE = struct.Struct("!??Q")  # joined, serving, steps run so far
+PULSE = struct.Struct("!??QI")  # joined, serving, steps run so far, its pid (on its host)
 BEAT = 0.25  # seconds between two pulses
+
+# Down an ssh session to a remote rank (ranks/remote.py, ranks/tether.py): rank 0's feed in
+# chunks, each after its length, and the front's heartbeat, an empty chunk every `DOWN_BEAT`
+# s. A far side that hears nothing for `FRONT_SILENCE` s takes the front for lost (a link
+# cut without a reset, a front stopped) and kills its rank.
+CHUNK = struct.Struct("!I")
+DOWN_BEAT = 1.0
+FRONT_SILENCE = 10.0
 
 
 @dataclass(frozen=True)
@@ -27,3 +36,28 @@ class RankPlace:
     size: int
     backend: str  # MLX's name for it: "ring"
     hostfile: str  # the path of MLX's JSON hostfile (MLX_HOSTFILE)
+
+
+HERE = "127.0.0.1"  # a hostfile's host started without ssh, as mlx.launch has it
+
+
+@dataclass(frozen=True)
+class RankHost:
+    """One host of a hostfile (ranks/hostfile.py): one rank."""
+
+    ssh: str  # what ssh is given to reach it
+    ips: tuple[str, ...]  # where its peers reach it
+
+    @property
+    def remote(self) -> bool:
+        return self.ssh != HERE
+
+
+@dataclass(frozen=True)
+class Hostfile:
+    """The operator's `--hostfile`, read."""
+
+    path: str
+    hosts: tuple[RankHost, ...]
+    backend: str  # as the file names it; "" when it names none
+    envs: tuple[str, ...]  # KEY=VALUE, set on every host

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from steward.model.resolve import ModelSource
 from steward.wire.faultspec import FaultSpec
 from steward.wire.protocol import Calibration
+from steward.wire.ranks import Hostfile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +25,8 @@ class WorkerSettings:
     prompt_cache_dir: str | None = None  # the prompt cache's disk tier (None: none)
     prompt_cache_disk_bytes: int = 0
     calibration: Calibration | None = None  # the model's first worker's: reused, not measured
-    ranks: int = 1  # local ranks of one mx.distributed group (ranks/group.py); 1: one process
+    ranks: int = 1  # ranks of one mx.distributed group (ranks/group.py); 1: one process
+    hostfile: Hostfile | None = None  # where each rank runs; None: all here
     distributed_backend: str = "ring"  # the group's MLX backend
+    parallel: str = "auto"  # how the model is split over ranks (worker/sharding.py)
     rank_join_timeout: float = 60.0  # seconds every rank has to join its group

@@ -1,5 +1,6 @@
 """Ranks in lockstep: every rank of a group runs the same engine on the same inputs, so that
-every forward's collectives (the sharded layers' `all_sum`) line up.
+every forward's collectives (the tensor-sharded layers' `all_sum`, the pipeline's `send`,
+`recv` and `all_gather`: sharding.py) line up.
 
 Rank 0 speaks the channel and runs the batch loop as one worker does (main.py). Each time
 it takes messages from its inbox, between two steps, it sends the same messages first to
@@ -81,27 +82,18 @@ class Lockstep:
         self.pulse = pulse
         self.feeds = feeds  # rank 0's: to every other rank
 
-    def shard(self, backend: Backend | VisionBackend) -> Backend:
-        """Keep this rank's slice of every sharded layer (mlx-lm's `shard`, tensor
-        parallel). ValueError (a configuration error: exit 78) where it cannot."""
+    def shard(self, backend: Backend | VisionBackend, parallel: str) -> Backend:
+        """Keep this rank's part of the model, as `--parallel` asks (sharding.py).
+        ValueError (a configuration error: exit 78) where it cannot."""
         import mlx.core as mx
 
+        from steward.worker import sharding
         from steward.worker.backend import Backend
 
-        model = backend.model
-        if not isinstance(backend, Backend) or not hasattr(model, "shard"):
-            name = type(model).__module__.rsplit(".", 1)[-1]
-            raise ValueError(f"a {name} model cannot be sharded over ranks (no shard())")
-        size = self.group.size()
-        heads = [
-            getattr(layer.self_attn, name, 0)
-            for layer in getattr(model, "layers", [])
-            for name in ("n_heads", "n_kv_heads")
-        ]
-        if any(count % size for count in heads):
-            raise ValueError(f"the model's attention heads do not divide over {size} ranks")
-        model.shard(self.group)
-        mx.eval(model.parameters())
+        if not isinstance(backend, Backend):
+            raise ValueError("a vision model cannot be split over ranks")
+        sharding.split(backend.model, self.group, parallel)
+        mx.eval(backend.model.parameters())
         return backend
 
     def engine(self, backend: Backend, settings: WorkerSettings, given: Calibration) -> Engine:

@@ -133,7 +133,7 @@ def _serve(
         else:
             with phases.timed("load"):
                 backend = load_backend(settings.source, injector, head)
-                sharded = None if lockstep is None else lockstep.shard(backend)
+                sharded = None if lockstep is None else lockstep.shard(backend, settings.parallel)
             engine = None
             if lockstep is not None and sharded is not None:
                 calibration = lockstep_calibration(settings)

@@ -3,8 +3,9 @@
 The pulse starts before anything else, on the rank's own line to the supervisor: a rank
 that never joins, or stops once joined, is seen there (wire/ranks.py), whatever the others
 are doing. MLX reads its place from `MLX_RANK` and `MLX_HOSTFILE`, set here before it is
-imported. Rank 0 then runs the worker (main.py) with its lockstep (lockstep.py); every
-other rank loads the same model, keeps its shard, and follows.
+imported, with the hostfile's `envs`. Rank 0 then runs the worker (main.py) with its
+lockstep (lockstep.py); every other rank loads the same model, keeps its shard, and
+follows.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def run(
     threading.Thread(target=_beat, args=(line, pulse), daemon=True, name="pulse").start()
     runtime.environment(os.environ)
     runtime.without_torch(sys.modules)
+    if settings.hostfile is not None:
+        os.environ.update(env.split("=", 1) for env in settings.hostfile.envs)
     os.environ["MLX_RANK"] = str(place.rank)
     os.environ["MLX_HOSTFILE"] = place.hostfile
     import mlx.core as mx
@@ -63,7 +66,7 @@ def _follow(fed: Fed, settings: WorkerSettings, lockstep: Lockstep) -> None:
     head = runtime.Head()
     try:
         backend = main.load_backend(settings.source, Injector([], settings.generation), head)
-        sharded = lockstep.shard(backend)
+        sharded = lockstep.shard(backend, settings.parallel)
     except main.CONFIG_ERRORS:
         traceback.print_exc()
         fed.held(HOLD)
@@ -80,7 +83,7 @@ def _follow(fed: Fed, settings: WorkerSettings, lockstep: Lockstep) -> None:
 def _beat(line: socket.socket, pulse: Pulse) -> None:
     while True:
         try:
-            line.sendall(PULSE.pack(pulse.joined, pulse.serving, pulse.steps))
+            line.sendall(PULSE.pack(pulse.joined, pulse.serving, pulse.steps, os.getpid()))
         except OSError:
             os._exit(1)  # the supervisor is gone
         time.sleep(BEAT)

@@ -155,3 +155,23 @@ def test_registries_are_private(supervisor: SimpleNamespace) -> None:
         scrape(first)
     )
     assert not [k for k in scrape(second) if k[0] == "steward_requests_total"]
+
+
+def test_a_groups_ranks_have_a_series_each(supervisor: SimpleNamespace) -> None:
+    """Labelled by rank and host, never by pid; a model served by one process has none."""
+    metrics = Metrics(supervisor)
+    assert not any(name.startswith("steward_rank_") for name, _ in scrape(metrics))
+    rank = {"alive": True, "serving": True, "steps": 46, "since_progress_s": 0.5}
+    supervisor.now = dataclasses.replace(
+        STARTING,
+        ranks=[
+            {"rank": 0, "host": "127.0.0.1", "pid": 7, **rank},
+            {"rank": 1, "host": "mac2", "pid": 8, **rank, "alive": False, "serving": False},
+        ],
+    )
+    samples = scrape(metrics)
+    assert value(samples, "steward_rank_alive", rank="0", host="127.0.0.1") == 1.0
+    assert value(samples, "steward_rank_alive", rank="1", host="mac2") == 0.0
+    assert value(samples, "steward_rank_serving", rank="1", host="mac2") == 0.0
+    assert value(samples, "steward_rank_steps_total", rank="1", host="mac2") == 46.0
+    assert value(samples, "steward_rank_since_progress_seconds", rank="0", host="127.0.0.1") == 0.5

@@ -11,7 +11,7 @@ from steward.config import ServeConfig
 from steward.errors import ApiError
 from steward.model.resolve import ModelSource
 from steward.pool import budget
-from steward.pool.catalog import CatalogError, ModelEntry, from_flags, load
+from steward.pool.catalog import CatalogError, ModelEntry, check_groups, from_flags, load
 from steward.pool.names import find
 from steward.pool.slot import Slot
 from steward.pool.snapshot import ModelState, overall
@@ -56,6 +56,9 @@ def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -
         ('[a]\npath = "X"\npin = true\nidle_ttl = 5\n', 4, "pin or idle_ttl"),
         ('[a]\npath = "X"\n[default]\npath = "X"\n', 4, "'default' means the first model"),
         ('[a]\npath = "X"\n[b]\npath = "X"\naliases = ["default"]\n', 5, "means the first"),
+        ('[a]\npath = "X"\nranks = 0\n', 3, "ranks: at least 1"),
+        ('[a]\npath = "X"\nparallel = "sideways"\n', 3, "parallel: one of auto, tensor"),
+        ('[a]\npath = "X"\ndistributed_backend = "tcp"\n', 3, "distributed_backend: one of"),
     ],
 )
 def test_a_bad_models_file_names_the_line(
@@ -64,6 +67,32 @@ def test_a_bad_models_file_names_the_line(
     with pytest.raises(CatalogError) as refused:
         load([], models_file(tmp_path, text.replace("X", str(tiny_model))), [])
     assert f"line {line}" in str(refused.value) and words in str(refused.value)
+
+
+def test_each_models_group_is_its_own(tmp_path: Path, tiny_model: Path) -> None:
+    """A table's ranks, hostfile, backend and parallel are that model's alone; a group that
+    cannot be formed names its model."""
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(
+        '[{"ssh": "127.0.0.1", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]'
+    )
+    text = (
+        f'[a]\npath = "{tiny_model}"\nranks = 2\nparallel = "pipeline"\n'
+        f'[b]\npath = "{tiny_model}"\nhostfile = "{hosts}"\n[c]\npath = "{tiny_model}"\n'
+    )
+    a, b, c = (entry.config(ServeConfig()) for entry in load([], models_file(tmp_path, text), []))
+    assert (a.ranks, a.parallel, a.standby, a.rank_hosts) == (2, "pipeline", "none", None)
+    assert (b.ranks, b.distributed_backend, b.standby) == (2, "any", "none")
+    assert b.rank_hosts is not None and [h.ssh for h in b.rank_hosts.hosts] == ["127.0.0.1", "b"]
+    assert (c.ranks, c.standby, c.rank_hosts) == (1, "auto", None)
+    slots = [Slot(entry, ServeConfig()) for entry in load([], models_file(tmp_path, text), [])]
+    for slot in slots:
+        slot.measured = 1000  # rank 0's part, for a group
+    one = budget.need(1000, ServeConfig().prompt_cache_bytes, 1)
+    assert [slot.need() for slot in slots] == [2 * one, one, one]  # b's rank 1 is elsewhere
+    hot = f'[a]\npath = "{tiny_model}"\n[b]\npath = "{tiny_model}"\nranks = 2\nstandby = "hot"\n'
+    with pytest.raises(CatalogError, match="model b: --ranks 2: --standby hot is not built"):
+        check_groups(load([], models_file(tmp_path, hot), []), ServeConfig())
 
 
 def test_model_flags_name_models_or_keep_todays_bare_path(tiny_model: Path) -> None:

@@ -42,6 +42,12 @@ def ranks(server: Server) -> list[dict]:
     return server.health().json()["worker"]["ranks"]
 
 
+def every_rank_serving(server: Server) -> list[dict]:
+    """The ranks once each says it serves (rank 1 says so a pulse after the group is ready)."""
+    serving = server.until(lambda h: all(r["serving"] for r in h["worker"]["ranks"]), within=10)
+    return serving["worker"]["ranks"]
+
+
 def gone(pid: int) -> bool:
     """Exited and reaped: no process (not even a zombie) has the pid."""
     return not Path(f"/proc/{pid}").exists()
@@ -86,9 +92,9 @@ def dialects(url: str, prompt: str) -> dict[str, str]:
 def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path) -> None:
     one = serve("--model", str(tiny_model), "--standby", "none")
     one.wait()
-    health = group.health().json()
-    assert [r["rank"] for r in health["worker"]["ranks"]] == [0, 1]
-    assert all(r["alive"] and r["joined"] and r["serving"] for r in health["worker"]["ranks"])
+    listed = every_rank_serving(group)
+    assert [r["rank"] for r in listed] == [0, 1]
+    assert all(r["alive"] and r["joined"] for r in listed)
     for prompt in PROMPTS:
         expected = completion(one.url, prompt, False)
         assert len(expected) > 0
@@ -98,6 +104,31 @@ def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path
         assert all(answers.values()), answers
         assert dialects(group.url, prompt) == answers
         assert stream(group.url, prompt)["text"] == stream(one.url, prompt)["text"]
+
+
+def rank_series(server: Server) -> dict[str, float]:
+    """/metrics' per-rank samples, by name and labels as exposed."""
+    text = httpx.get(server.url + "/metrics").text
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("steward_rank_")
+    }
+
+
+def sample(name: str, **labels: object) -> str:
+    """A sample's name as /metrics writes it (its labels sorted)."""
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def test_metrics_are_labelled_per_rank(group: Server) -> None:
+    """After the answers above: each rank alive, serving and stepped, by rank and host."""
+    series = rank_series(group)
+    for rank in (0, 1):
+        assert series[sample("steward_rank_alive", rank=rank, host="127.0.0.1")] == 1.0
+        assert series[sample("steward_rank_serving", rank=rank, host="127.0.0.1")] == 1.0
+        assert series[sample("steward_rank_steps_total", rank=rank, host="127.0.0.1")] > 0
+        assert sample("steward_rank_since_progress_seconds", rank=rank, host="127.0.0.1") in series
 
 
 def hit_mid_stream(server: Server, fault: signal.Signals) -> tuple[list[dict], list[dict], float]:
@@ -119,10 +150,15 @@ def hit_mid_stream(server: Server, fault: signal.Signals) -> tuple[list[dict], l
 
 
 def serving_again(server: Server, generation: int) -> dict:
-    """/health once a later group than `generation` serves (degraded: the fault is in the
-    restart window)."""
+    """/health once a later group than `generation` serves, each of its ranks too (degraded:
+    the fault is in the restart window)."""
     return server.until(
-        lambda h: h["worker"]["generation"] > generation and h["status"] in SERVING, within=120
+        lambda h: (
+            h["worker"]["generation"] > generation
+            and h["status"] in SERVING
+            and all(r["serving"] for r in h["worker"]["ranks"])
+        ),
+        within=120,
     )
 
 
@@ -224,11 +260,17 @@ def test_sigterm_drains_a_group_and_leaves_no_rank(serve, tiny_model: Path) -> N
         (["--distributed-backend", "jaccl"], "--distributed-backend jaccl is not built"),
         (["--standby", "hot"], "--standby hot is not built for a group"),
         (["--ranks", "3"], "the model's attention heads do not divide over 3 ranks"),
+        (["--parallel", "pipeline"], "--parallel pipeline: a llama model has no pipeline()"),
+        (
+            ["--parallel", "pipeline", "--distributed-backend", "nccl"],
+            "--parallel pipeline needs send and recv, which the nccl backend lacks",
+        ),
     ],
 )
 def test_what_cannot_be_built_exits_78_saying_why(tiny_model: Path, args, why) -> None:
-    """Flags checked before anything starts; a model the ranks cannot shard (the tiny
-    llama's 4 heads over 3 ranks), said by rank 0 while the others hold."""
+    """Flags checked before anything starts; a model the ranks cannot split (the tiny
+    llama's 4 heads over 3 ranks; no pipeline() in mlx-lm's llama), said by rank 0 while the
+    others hold."""
     argv = [sys.executable, "-m", "steward", "serve", "--model", str(tiny_model), "--ranks", "2"]
     port = ["--port", str(free_port())]
     done = subprocess.run(

@@ -1,0 +1,44 @@
+"""A rank's process, spawned on this host: by the group for a local rank, or by the tether
+(tether.py) for a rank started over ssh. The worker's code is imported there alone."""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import socket
+from multiprocessing.process import BaseProcess
+
+from steward.wire.ranks import RankPlace
+from steward.wire.settings import WorkerSettings
+
+_spawn = multiprocessing.get_context("spawn")
+ENTRY = "steward.worker.rank"  # its `run(place, settings, line, sock, feeds)`: never imported here
+
+
+def spawn_rank(
+    place: RankPlace,
+    settings: WorkerSettings,
+    line: socket.socket,
+    sock: socket.socket | None,
+    feeds: list[socket.socket],
+) -> BaseProcess:
+    """The rank's process, started: `line` its pulse's, `sock` rank 0's channel, `feeds`
+    rank 0's to every other rank or another rank's from rank 0 (worker/rank.py)."""
+    process = _spawn.Process(
+        target=_child,
+        args=(place, settings, line, sock, feeds),
+        name=f"steward-rank-{settings.generation}.{place.rank}",
+    )
+    process.daemon = True
+    process.start()
+    return process
+
+
+def _child(
+    place: RankPlace,
+    settings: WorkerSettings,
+    line: socket.socket,
+    sock: socket.socket | None,
+    feeds: list[socket.socket],
+) -> None:
+    importlib.import_module(ENTRY).run(place, settings, line, sock, feeds)
