@@ -37,6 +37,7 @@ from steward.ranks.child import spawn_rank
 from steward.ranks.formation import LOCAL, form
 from steward.ranks.remote import SSH_FAILED, SshRank
 from steward.wire.channel import AsyncChannel
+from steward.wire.process import describe_exit
 from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
 from steward.wire.ranks import HERE, PULSE, RankHost, RankPlace
 from steward.wire.settings import WorkerSettings
@@ -291,4 +292,4 @@ def _ended(rank: Rank) -> str:
         return "closed its line"
     if code == SSH_FAILED and isinstance(rank.process, SshRank):
         return "was lost: its ssh failed (status 255: the host unreachable, or the session cut)"
-    return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    return describe_exit(code)

@@ -8,7 +8,6 @@ A class decides the first response (SPEC §3): `oom` and the backend errors get 
 from __future__ import annotations
 
 import re
-import signal
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -82,18 +81,6 @@ def classify(message: str) -> FaultClass:
         if pattern.search(message):
             return name
     return FaultClass.BACKEND_ERROR
-
-
-def describe_exit(code: int | None) -> str:
-    """`-11` -> 'killed by SIGSEGV'."""
-    if code is None:
-        return "did not exit"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 @dataclass

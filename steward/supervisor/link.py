@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 
 from steward.ranks import spawn_worker
-from steward.supervisor.faults import Fault, FaultClass, classify, describe_exit
+from steward.supervisor.faults import Fault, FaultClass, classify
 from steward.supervisor.line import FaultError, Sink
-from steward.wire.process import Worker
+from steward.wire.process import Worker, describe_exit
 from steward.wire.protocol import (
     Calibrated,
     Calibration,

@@ -17,6 +17,7 @@ import importlib
 import multiprocessing
 import os
 import pickle
+import signal
 import socket
 from collections.abc import Callable
 from typing import Protocol, Self
@@ -132,3 +133,15 @@ def _child(sock: socket.socket, settings: WorkerSettings) -> None:
 def _ahead(sock: socket.socket) -> None:
     """A process started ahead's entry: its `ahead(sock)` imports, then waits."""
     importlib.import_module(ENTRY).ahead(sock)
+
+
+def describe_exit(code: int | None) -> str:
+    """`-11` -> 'killed by SIGSEGV'."""
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"

@@ -155,7 +155,7 @@ def test_a_remote_rank_faulted_mid_stream(remote: Server, fault: signal.Signals)
     serving_again(remote, generation)
     until(lambda: all(gone(pid) for pid in old), 10, "the old group gone")
     assert old.isdisjoint(family(remote))
-    why = "killed by signal 9" if fault == signal.SIGKILL else "silent for"
+    why = "killed by SIGKILL" if fault == signal.SIGKILL else "silent for"
     assert f"rank 1 (pid {victim} on localhost) {why}" in remote.output()
 
 
@@ -177,7 +177,7 @@ def test_a_front_gone_silent_leaves_no_remote_rank(remote: Server) -> None:
     assert took < FRONT_SILENCE + DOWN_BEAT + 2.0  # the slack: a loaded machine
     serving_again(remote, generation)
     assert "no word from the front for 10 s" in remote.output()  # the tether's, over ssh
-    assert f"rank 1 (pid {victim} on localhost) killed by signal 9" in remote.output()
+    assert f"rank 1 (pid {victim} on localhost) killed by SIGKILL" in remote.output()
 
 
 def test_the_front_killed_leaves_no_rank_on_either_host(remote: Server) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from steward.supervisor.faults import classify, describe_exit
+from steward.supervisor.faults import classify
 from steward.supervisor.intensity import RestartIntensity
 from steward.wire.faultspec import FaultSpec, Periods, parse, parse_all
+from steward.wire.process import describe_exit
 from steward.worker.injection import GPU_TIMEOUT, OUT_OF_MEMORY, Injector
 
 
