@@ -183,6 +183,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         p,
+        "speculate",
+        str,
+        "speculative decoding: auto (each member drafts tokens from its request's prediction "
+        "and by lookup in its own prompt and answer, while they are accepted), none",
+        choices=["auto", "none"],
+    )
+    _flag(
+        p,
         "prompt-cache-bytes",
         byte_size,
         "KV cache kept for prompt prefixes across requests, LRU (0: none)",

@@ -28,7 +28,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    KVCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 
 from steward.wire.protocol import (
     Admitted,
@@ -44,7 +49,7 @@ from steward.worker.answer import Answer
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
 from steward.worker.batch import Batch
 from steward.worker.chunks import Chunks
-from steward.worker.grammar import RESIDENT, Masked
+from steward.worker.grammar import RESIDENT, Drafted, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
 from steward.worker.outputs import Drawn, Outputs, Row
@@ -52,6 +57,7 @@ from steward.worker.prepared import Prepared, prepared
 from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
 from steward.worker.solo import Solo
+from steward.worker.speculation import Drafter, room
 
 if TYPE_CHECKING:
     from steward.worker.diskcache import DiskCache
@@ -100,6 +106,7 @@ class Member:
     resumed: int = 0  # tokens an earlier attempt generated and the client has
     batch: int = 1  # the largest batch it decoded in
     disk: int | None = None  # prompt tokens loaded from the disk tier (None: not asked)
+    drafter: Drafter | None = None  # its draft tokens (None: it does not speculate)
     ended: bool = False  # its Done is made: nothing more of it is sent
 
     @property
@@ -116,6 +123,7 @@ class Engine:
         cache_bytes: int,
         disk: DiskCache | None = None,
         chunks: Chunks | None = None,  # how prefill chunks are sized (a group's agree)
+        speculate: str = "auto",  # or "none": members draft tokens (speculation.py)
     ) -> None:
         self.backend = backend
         self.max_batch = max_batch
@@ -131,6 +139,9 @@ class Engine:
         self.eos = set(backend.tokenizer.eos_token_ids)
         self.chunks = chunks or Chunks()  # prefill chunks sized by measured speed
         self.shapes: set[Shape] = set()  # met by a step so far (a warm-up's included)
+        # A verify step trims what it refused from each row: plain KV layers only.
+        layers = make_prompt_cache(backend.model)
+        self.speculating = speculate != "none" and all(type(c) is KVCache for c in layers)
         self.batch = self._batch()
 
     def _batch(self) -> Batch:
@@ -171,6 +182,7 @@ class Engine:
         except ValueError as exc:
             return Rejected(req.id, "validation_error", str(exc))
         member = Member(
+            drafter=self._drafter(req, tokens),
             req=req,
             prompt_tokens=len(prompt),
             cached_tokens=min(held, len(prompt)),  # what usage reports: of the prompt
@@ -189,7 +201,8 @@ class Engine:
         admitted = Admitted(req.id, len(rest))
         draw = sampler(req, position=len(req.resume))
         processors = [processor] if processor is not None else []
-        if self.solo is None and not self.members:
+        alone = member.drafter is None or not member.drafter.drafting
+        if self.solo is None and not self.members and alone:
             solo = Solo(
                 backend.model, tokens, cache, held, draw, processors, max_tokens, self.chunks.size
             )
@@ -238,7 +251,7 @@ class Engine:
         started = time.perf_counter()
         if self.solo is not None:
             return self._solo_draw(started)
-        self._arm_grammars()
+        self._plan()
         self.batch.want_rows(any(member.req.logprobs >= 0 for member in self.members.values()))
         self.chunks.resize(self.batch)
         prompts, outputs, prefill = self.batch.next() if self.members else ([], [], 0)
@@ -252,6 +265,9 @@ class Engine:
         drawn = Drawn(ends=self.ends, size=len(self.members))
         self.ends = []
         drawn.prefilled = [self.members[r.uid].req.id for r in prompts if r.uid in self.members]
+        for uid, (offered, kept) in self.batch.verified.items():
+            if (drafted := self.members.get(uid)) is not None and drafted.drafter is not None:
+                drafted.drafter.observe(offered, kept)
         members = [self.members.get(out.uid) for out in outputs]
         logprobs = self._logprobs(members, outputs)
         now = time.perf_counter()
@@ -313,10 +329,12 @@ class Engine:
         ids = [member.req.id for member in lost]
         return list(dict.fromkeys(ids + [m.req.id for m in members if not m.ended]))
 
-    def _arm_grammars(self) -> None:
-        """Arm the coming step's grammar rows (`BatchStep`) with the tokens it feeds, still
-        on the device. A row whose processor only masks (its first token drawn) leaves
-        mlx-lm's per-row processor loop, which runs for every row while any row has one."""
+    def _plan(self) -> None:
+        """The coming step: a verify step when a member drafts (its grammar rows masked by
+        `Drafted`), else a plain one whose grammar rows `BatchStep` is armed for, with the
+        tokens it feeds, still on the device. A row whose processor only masks (its first
+        token drawn) leaves mlx-lm's per-row processor loop, which runs for every row while
+        any row has one (and keeps the step plain)."""
         uids = self.batch.uids
         rows = []
         for i, uid in enumerate(uids):
@@ -326,10 +344,37 @@ class Engine:
             rows.append((i, member.processor))
             if member.processor.masks_only:
                 self.batch.unprocess(i)
-        if rows and (fed := self.batch.fed) is not None:
+        if drafts := self._drafts():
+            self.batch.speculate(drafts, Drafted(rows) if rows else None)
+            self.backend.batch_step.disarm()
+        elif rows and (fed := self.batch.fed) is not None:
             self.backend.batch_step.arm(fed, rows, len(uids))
         else:
             self.backend.batch_step.disarm()
+
+    def _drafts(self) -> dict[int, list[int]]:
+        """Each decoding member's drafts, by uid; none while a row is in mlx-lm's per-row
+        processor loop (its step is mlx-lm's own)."""
+        if not self.speculating or self.batch.processing():
+            return {}
+        uids = self.batch.uids
+        most = room(len(uids))
+        drafts = {}
+        for uid in uids:
+            member = self.members.get(uid)
+            drafter = None if member is None or member.ended else member.drafter
+            if drafter is not None and (drafted := drafter.propose(most)):
+                drafts[uid] = drafted
+        return drafts
+
+    def _drafter(self, req: Generate, tokens: list[int]) -> Drafter | None:
+        """A member's drafts: from its prediction and by lookup in `tokens` (its prompt and
+        resumed answer); none for the worker's own requests."""
+        if not self.speculating or req.internal:
+            return None
+        text = req.prediction
+        predicted = self.backend.tokenizer.encode(text, add_special_tokens=False) if text else []
+        return Drafter(tokens, predicted, resumed=bool(req.resume))
 
     def _logprobs(self, members: list[Member | None], outputs: list[Any]) -> list[Logprob | None]:
         """Each output's log-probabilities, for the members that asked (not for the EOS
@@ -352,11 +397,13 @@ class Engine:
         real = out.finish_reason != "stop"  # the EOS that ends a sequence is no token
         if real:
             member.count += 1
+            if member.drafter is not None:
+                member.drafter.extend(int(out.token))
             member.first = member.first or now
             if member.count > 1:  # not its first token
                 injector = self.backend.injector
                 injector.hit("decode", req.seq, req.attempt, member.marked, req.armed, member.count)
-        return Row(member, int(out.token) if real else -1, out.finish_reason, logprob)
+        return Row(member, int(out.token) if real else -1, out.finish_reason, logprob, member.count)
 
     def _solo_draw(self, started: float) -> Drawn:
         """The request alone: a chunk of its prompt, or its next token."""
@@ -388,6 +435,8 @@ class Engine:
             drawn.rows.append(self._row(member, out, time.perf_counter(), logprob))
             if finish is not None:
                 self._solo_leave()
+            elif member.drafter is not None and member.drafter.drafting:
+                self._handover()  # its text copies: it drafts in the batch from now on
         seconds = time.perf_counter() - started - waited
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn

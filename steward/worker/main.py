@@ -161,7 +161,8 @@ def _engine(
     kept = calibration.name_here(settings) if gpu else ""
     given = settings.calibration or (calibration.stored(kept) if gpu else None)
     if given is not None:
-        engine = Engine(backend, given.max_batch, settings.prompt_cache_bytes, disk)
+        cache_bytes, speculate = settings.prompt_cache_bytes, settings.speculate
+        engine = Engine(backend, given.max_batch, cache_bytes, disk, speculate=speculate)
         engine.calibrate(given)
         if gpu:
             with phases.timed("warmup"):
@@ -187,7 +188,13 @@ def _measured(
     from steward.worker import chunks, warmup, width
     from steward.worker.engine import Engine
 
-    engine = Engine(backend, settings.max_batch or width.CEILING, settings.prompt_cache_bytes, disk)
+    engine = Engine(
+        backend,
+        settings.max_batch or width.CEILING,
+        settings.prompt_cache_bytes,
+        disk,
+        speculate=settings.speculate,
+    )
     deadline = time.perf_counter() + warmup.BUDGET
     gpu = warmup.on_gpu()
     chosen = settings.max_batch

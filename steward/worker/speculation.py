@@ -1,0 +1,117 @@
+"""Where a member's draft tokens come from, and whether it drafts at all.
+
+What an agent writes is mostly text it has seen: a file returned whole with one change, a
+path quoted from a tool's output. A member's `Drafter` proposes the tokens that followed
+the answer's last `ORDER` tokens where they occurred before: in the request's `prediction`
+(OpenAI's Predicted Outputs), from the place the answer has reached in it, else in its own
+prompt and answer (prompt lookup). The batch verifies every member's drafts in one forward
+(batch.py), so a draft is never wrong, only wasted: the cost of a refused draft is the
+compute of verifying it, which a host-bound GPU step barely notices and a CPU does.
+
+So a member drafts only while drafting pays. Before each token is counted, the drafter
+checks whether the token it would have guessed is the one that came (`hits`, a running
+mean): text that copies turns drafting on within a few tokens, text that does not keeps
+it off (it costs one dictionary lookup a token), and a member whose drafts keep failing
+turns it off again. A prediction starts trusted. How many tokens it drafts (`k`) follows
+what its last verify kept: all of them doubles it, fewer makes it one more than kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+ORDER = 3  # tokens a lookup matches on: fewer finds too many places that do not continue
+HIT_WEIGHT = 0.25  # of the latest token in `hits`: three hits in a row turn drafting on
+DRAFTING = 0.5  # `hits` at or above which a member drafts
+FIRST_K = 4  # drafts a member starts with
+MOST_K = {True: 16, False: 8}  # the most it drafts, with a prediction or by lookup
+POSITIONS = 256  # a verify step's rows times its width, at most: the batch's padded work
+
+
+class Ngrams:
+    """A growing token list and where each of its `ORDER`-grams ends."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens: list[int] = []
+        self.ends: dict[tuple[int, ...], list[int]] = {}
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+        if len(self.tokens) >= ORDER:
+            self.ends.setdefault(tuple(self.tokens[-ORDER:]), []).append(len(self.tokens))
+
+    def after(self, key: tuple[int, ...], before: int, near: int = 0) -> int | None:
+        """Where what followed `key` starts, of its occurrences ending before `before`: the
+        first at or past `near` (a prediction's place), else the latest."""
+        ends = [end for end in self.ends.get(key, ()) if end < before]
+        if not ends:
+            return None
+        return next((end for end in ends if end >= near), ends[-1])
+
+
+class Drafter:
+    """One member's drafts: from its prediction while the answer follows it, else by lookup
+    in its prompt and answer. Counts what its drafts kept, for usage."""
+
+    def __init__(self, tokens: Sequence[int], prediction: Sequence[int], resumed: bool) -> None:
+        """`tokens`: the prompt and any answer resumed after a fault (`resumed`)."""
+        self.context = Ngrams(tokens)  # the prompt, then each token of the answer
+        self.prediction = Ngrams(prediction) if prediction else None
+        self.place = 0  # the prediction's token the answer is at
+        self.following = not resumed  # the answer's last tokens were the prediction's
+        self.hits = 1.0 if prediction else 0.0
+        self.k = FIRST_K
+        self.accepted = 0  # drafts the answer kept
+        self.rejected = 0  # drafts verified and refused
+
+    @property
+    def drafting(self) -> bool:
+        return self.hits >= DRAFTING
+
+    def extend(self, token: int) -> None:
+        """The answer's next token: was it the one guessed?"""
+        guess = self._continuation(1)
+        self.hits += HIT_WEIGHT * ((guess == [token]) - self.hits)
+        if self.prediction is not None and self.following:
+            predicted = self.prediction.tokens
+            self.following = self.place < len(predicted) and predicted[self.place] == token
+            self.place += self.following
+        self.context.append(token)
+
+    def propose(self, room: int) -> list[int]:
+        """Up to `room` tokens to follow the token the member feeds next. That token is not
+        known yet (the step that draws it may still run), so the continuation's first token
+        stands for it: the drafts are what followed it."""
+        if not self.drafting:
+            return []
+        return self._continuation(1 + min(self.k, room))[1:]
+
+    def observe(self, offered: int, kept: int) -> None:
+        """What a verify step kept of the drafts it was offered."""
+        self.accepted += kept
+        self.rejected += offered - kept
+        most = MOST_K[self.prediction is not None]
+        self.k = min(2 * self.k, most) if kept == offered else max(1, kept + 1)
+
+    def _continuation(self, count: int) -> list[int]:
+        """The `count` tokens that followed the answer's last `ORDER` where they occurred
+        before: in the prediction first, then in the prompt and answer."""
+        tokens = self.context.tokens
+        key = tuple(tokens[-ORDER:])
+        if self.prediction is not None:
+            if not self.following:  # found again where the answer's last tokens are
+                predicted = self.prediction
+                found = predicted.after(key, len(predicted.tokens) + 1, near=self.place)
+                self.place, self.following = found or self.place, found is not None
+            if self.following:
+                return self.prediction.tokens[self.place : self.place + count]
+        start = self.context.after(key, len(tokens))
+        return [] if start is None else tokens[start : start + count]
+
+
+def room(rows: int) -> int:
+    """The most drafts a row of a verify step over `rows` rows may carry: every row is
+    padded to the longest, so a wide batch verifies fewer each."""
+    return max(1, POSITIONS // max(rows, 1) - 1)
