@@ -22,7 +22,8 @@ def test_a_crash_during_a_verify_step_resumes_exactly(serve, tiny_model: Path) -
     server.wait()
     reference = stream(server.url, max_tokens=24)
     assert reference["usage"]["completion_tokens"] == 24
-    faulted = stream(server.url, max_tokens=24, prediction=reference["text"])
+    prediction = {"type": "content", "content": reference["text"]}
+    faulted = stream(server.url, max_tokens=24, prediction=prediction)
     assert_whole(faulted, reference)
     details = faulted["usage"]["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] > 0  # the resumed attempt's drafts
