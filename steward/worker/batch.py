@@ -15,10 +15,15 @@ module alone (hence the `mlx-lm<0.33` pin). What it relies on, of mlx-lm 0.32:
   (one batched cache per layer; a `BatchKVCache`'s `keys`, `values`, `offset`,
   `left_padding` and `_idx` for a row's trim), `logits_processors`, `samplers`,
   `fallback_sampler`, `_next_tokens`, `_next_logprobs`, `_current_tokens`,
-  `_current_logprobs`, and `_step()`, which `Lean` replaces.
+  `_current_logprobs`, `max_tokens`, `_num_tokens`, `_matchers`, `extract_cache`, `filter`,
+  `Response`, and `_step()` and `next()`, which `Lean` replaces.
 
-The per-row interface (`insert`, `remove`, `cache`, `length`, `trim`) is the one a
-speculative decoder extends: it drafts past a row's end and trims what was refused.
+The per-row interface (`insert`, `remove`, `cache`, `length`, `trim`) is what speculative
+decoding extends (speculation.py). `speculate` gives the next step each row's draft tokens:
+`Lean` verifies them all in one forward (`_verify`), each row keeping the drafts its own
+samples agree with, and `roll` rolls each row's cache back by its own amount (mlx-lm's
+`BatchKVCache.trim(n)` trims every row by the same `n`). `next` then gives a row several
+tokens, each checked for its end as mlx-lm checks one.
 
 `Lean` is the batch's decode step without what nobody asked for. mlx-lm's
 `GenerationBatch._step` normalizes every row's logits and splits them into one array per

@@ -13,6 +13,12 @@ second one arrives and it moves into the batch. Anything raised while a
 request joins or during a step is a fault of the whole batch: `drop_all()` forgets every
 member, whose KV state is now suspect, and the supervisor decides what each request gets.
 
+A member may draft tokens (speculation.py: from its `prediction`, or by lookup in its own
+prompt and answer, while that pays): a step where any member drafts is a verify step, which
+gives a row its fed token and every draft its own samples agree with (batch.py), each
+counted, checked and sent as a token of its own. A request alone moves into the batch once
+it drafts.
+
 Each member keeps its own sampler (sampling.py), stop strings, `max_tokens`, usage and
 timings. Finished members leave their KV cache to an LRU prompt cache (prompt_cache.py),
 bounded in bytes, so a request that shares a prefix with an earlier one (a multi-turn chat, a
@@ -65,8 +71,9 @@ if TYPE_CHECKING:
 CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps lookups short
 
 # What a step computes, as far as the kernels MLX builds for it go: (alone, members decoding,
-# prompts prefilling, their chunk). Its first step is `new_shape` (StepClock).
-Shape = tuple[bool, int, int, int]
+# the positions each feeds (a verify step's: 1 + its most drafts), prompts prefilling, their
+# chunk). Its first step is `new_shape` (StepClock).
+Shape = tuple[bool, int, int, int, int]
 
 
 class Out(NamedTuple):
@@ -139,6 +146,7 @@ class Engine:
         self.eos = set(backend.tokenizer.eos_token_ids)
         self.chunks = chunks or Chunks()  # prefill chunks sized by measured speed
         self.shapes: set[Shape] = set()  # met by a step so far (a warm-up's included)
+        self.width = 1  # the positions the coming step feeds each decoding row
         # A verify step trims what it refused from each row: plain KV layers only.
         layers = make_prompt_cache(backend.model)
         self.speculating = speculate != "none" and all(type(c) is KVCache for c in layers)
@@ -257,7 +265,9 @@ class Engine:
         prompts, outputs, prefill = self.batch.next() if self.members else ([], [], 0)
         waited = self.settle()
         prompting = sum(not response.end_of_prompt for response in prompts)
-        new = self._met((False, len(outputs), prompting, self.chunks.size if prefill else 0))
+        decoded = len({out.uid for out in outputs})  # a verify step gives a row several
+        chunk = self.chunks.size if prefill else 0
+        new = self._met((False, decoded, self.width if decoded else 0, prompting, chunk))
         self.chunks.measured(self.batch, timed=not new)
         for response in prompts:
             if response.end_of_prompt and response.uid in self.members:
@@ -280,7 +290,7 @@ class Engine:
                 self._forget(out.uid)
         seconds = time.perf_counter() - started - waited
         planned = self.chunks.planned(self.batch)
-        drawn.clock = StepClock(len(outputs), prefill, seconds, new, planned)
+        drawn.clock = StepClock(decoded, prefill, seconds, new, planned)
         return drawn
 
     def settle(self) -> float:
@@ -344,7 +354,9 @@ class Engine:
             rows.append((i, member.processor))
             if member.processor.masks_only:
                 self.batch.unprocess(i)
-        if drafts := self._drafts():
+        drafts = self._drafts()
+        self.width = 1 + max(map(len, drafts.values()), default=0)
+        if drafts:
             self.batch.speculate(drafts, Drafted(rows) if rows else None)
             self.backend.batch_step.disarm()
         elif rows and (fed := self.batch.fed) is not None:
@@ -353,8 +365,9 @@ class Engine:
             self.backend.batch_step.disarm()
 
     def _drafts(self) -> dict[int, list[int]]:
-        """Each decoding member's drafts, by uid; none while a row is in mlx-lm's per-row
-        processor loop (its step is mlx-lm's own)."""
+        """Each decoding member's drafts, by uid, no more than its answer has room for after
+        the token it feeds; none while a row is in mlx-lm's per-row processor loop (its
+        step is mlx-lm's own)."""
         if not self.speculating or self.batch.processing():
             return {}
         uids = self.batch.uids
@@ -363,7 +376,11 @@ class Engine:
         for uid in uids:
             member = self.members.get(uid)
             drafter = None if member is None or member.ended else member.drafter
-            if drafter is not None and (drafted := drafter.propose(most)):
+            if drafter is None:
+                continue
+            limit = member.req.max_tokens or self.backend.context_length - member.prompt_tokens
+            left = min(most, limit - member.count - 1)
+            if left > 0 and (drafted := drafter.propose(left)):
                 drafts[uid] = drafted
         return drafts
 
@@ -418,13 +435,13 @@ class Engine:
             if len(solo.held()) == len(solo.prompt) - 1:  # the prompt is in
                 self._save(solo.held(), solo.cache, member.req)
             prefill = solo.prefilled - before
-            new = self._met((True, 0, 1, solo.prefill_step))
+            new = self._met((True, 0, 0, 1, solo.prefill_step))
             seconds = time.perf_counter() - started - waited
             self.chunks.observe(prefill, seconds, timed=not new)
             drawn.prefilled = [member.req.id]
             drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
             return drawn
-        new = self._met((True, 1, 0, 0))
+        new = self._met((True, 1, 1, 0, 0))
         if self.solo is not None:  # its text did not end at the step before
             token, row = token_drawn
             finish = "stop" if token in self.eos else None

@@ -32,7 +32,7 @@ def test_the_first_worker_measures_up_to_the_knee_and_the_prefill_speed(backend)
     speeds = warmup.measure(engine, widths, deadline)
     assert speeds and list(speeds) == widths[: len(speeds)]
     assert speeds.keys() == set(widths) or width.passed(speeds)  # stopped once past the knee
-    assert not engine.busy and (False, max(speeds), 0, 0) in engine.shapes
+    assert not engine.busy and (False, max(speeds), 1, 0, 0) in engine.shapes
     engine.widen(4)
     warmup.prefill(engine, deadline)
     assert engine.chunks.rate > 0 and not engine.busy
@@ -46,5 +46,5 @@ def test_a_later_worker_runs_its_width_and_a_chunk(backend) -> None:
     engine.calibrate(Calibration(4, 1000.0, 512))
     warmup.shapes(engine)
     assert not engine.busy and not engine.members
-    assert (False, 4, 0, 0) in engine.shapes  # the whole width decoded
-    assert any(prompts == 1 and chunk == 512 for _, _, prompts, chunk in engine.shapes)
+    assert (False, 4, 1, 0, 0) in engine.shapes  # the whole width decoded
+    assert any(prompts == 1 and chunk == 512 for _, _, _, prompts, chunk in engine.shapes)
