@@ -28,10 +28,14 @@ from steward.pool.names import DEFAULT, is_pattern, listed_names
 from steward.wire.faultspec import FaultSpec
 
 NAME = re.compile(r"^[A-Za-z0-9][\w.:-]*$")
-KINDS = ("auto", "chat", "embedding")
-STANDBY = ("auto", "none", "warm", "hot")
+# The keys whose value is one of a few words, and those words.
+CHOICES = {
+    "kind": ("auto", "chat", "embedding"),
+    "standby": ("auto", "none", "warm", "hot"),
+    "speculate": ("auto", "none"),
+}
 # a model's own settings: ServeConfig fields its table may override
-OVERRIDES = ("max_batch", "standby", "max_restarts", "prompt_cache_bytes")
+OVERRIDES = ("max_batch", "standby", "max_restarts", "prompt_cache_bytes", "speculate")
 KEYS: dict[str, type | tuple[type, ...]] = {
     "path": str,
     "aliases": list,
@@ -42,6 +46,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "standby": str,
     "max_restarts": int,
     "prompt_cache_bytes": int,
+    "speculate": str,
 }
 
 
@@ -121,10 +126,9 @@ def _table_entry(path: str, text: str, name: str, table: Any) -> ModelEntry:
     aliases = table.get("aliases", [])
     if not all(isinstance(a, str) and a for a in aliases):
         raise wrong(f"[{name}] aliases: a list of names", "aliases")
-    if table.get("kind", "auto") not in KINDS:
-        raise wrong(f"[{name}] kind: one of {', '.join(KINDS)}", "kind")
-    if table.get("standby", "auto") not in STANDBY:
-        raise wrong(f"[{name}] standby: one of {', '.join(STANDBY)}", "standby")
+    for key, words in CHOICES.items():
+        if table.get(key, "auto") not in words:
+            raise wrong(f"[{name}] {key}: one of {', '.join(words)}", key)
     for key in ("max_batch",):
         if key in table and table[key] < 1:
             raise wrong(f"[{name}] {key}: at least 1", key)
