@@ -11,9 +11,11 @@ compute of verifying it, which a host-bound GPU step barely notices and a CPU do
 So a member drafts only while drafting pays. Before each token is counted, the drafter
 checks whether the token it would have guessed is the one that came (`hits`, a running
 mean): text that copies turns drafting on within a few tokens, text that does not keeps
-it off (it costs one dictionary lookup a token), and a member whose drafts keep failing
+it off (it costs one dictionary lookup a token), and a member whose guesses start failing
 turns it off again. A prediction starts trusted. How many tokens it drafts (`k`) follows
-what its last verify kept: all of them doubles it, fewer makes it one more than kept.
+what its last verify kept: all of them doubles it, fewer makes it one more than kept. A
+member whose drafts keep being refused though its guesses hit (`kept`, a running mean of
+the share kept) rests from drafting, each rest twice as long as the last.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ HIT_WEIGHT = 0.25  # of the latest token in `hits`: three hits in a row turn dra
 DRAFTING = 0.5  # `hits` at or above which a member drafts
 FIRST_K = 4  # drafts a member starts with
 MOST_K = {True: 16, False: 8}  # the most it drafts, with a prediction or by lookup
+KEPT_WEIGHT = 0.25  # of the latest verify's share kept, in `kept`
+KEPT_FLOOR = 0.2  # `kept` below which a member rests from drafting
+FIRST_REST = 16  # tokens of a member's first rest; each next one is twice as long
+LONGEST_REST = 1024
 POSITIONS = 256  # a verify step's rows times its width, at most: the batch's padded work
 
 
@@ -63,17 +69,21 @@ class Drafter:
         self.following = not resumed  # the answer's last tokens were the prediction's
         self.hits = 1.0 if prediction else 0.0
         self.k = FIRST_K
+        self.kept = 1.0
+        self.resting = 0  # tokens to go before it drafts again
+        self.rest = FIRST_REST  # how long its next rest is
         self.accepted = 0  # drafts the answer kept
         self.rejected = 0  # drafts verified and refused
 
     @property
     def drafting(self) -> bool:
-        return self.hits >= DRAFTING
+        return self.hits >= DRAFTING and not self.resting
 
     def extend(self, token: int) -> None:
         """The answer's next token: was it the one guessed?"""
         guess = self._continuation(1)
         self.hits += HIT_WEIGHT * ((guess == [token]) - self.hits)
+        self.resting = max(self.resting - 1, 0)
         if self.prediction is not None and self.following:
             predicted = self.prediction.tokens
             self.following = self.place < len(predicted) and predicted[self.place] == token
@@ -94,10 +104,15 @@ class Drafter:
         self.rejected += offered - kept
         most = MOST_K[self.prediction is not None]
         self.k = min(2 * self.k, most) if kept == offered else max(1, kept + 1)
+        self.kept += KEPT_WEIGHT * (kept / offered - self.kept) if offered else 0.0
+        if self.kept < KEPT_FLOOR:
+            self.resting, self.rest = self.rest, min(2 * self.rest, LONGEST_REST)
+            self.kept = 1.0  # judged afresh after the rest
 
     def _continuation(self, count: int) -> list[int]:
         """The `count` tokens that followed the answer's last `ORDER` where they occurred
-        before: in the prediction first, then in the prompt and answer."""
+        before: in the prediction first (until the answer is past its end), then in the
+        prompt and answer."""
         tokens = self.context.tokens
         key = tuple(tokens[-ORDER:])
         if self.prediction is not None:
@@ -105,7 +120,7 @@ class Drafter:
                 predicted = self.prediction
                 found = predicted.after(key, len(predicted.tokens) + 1, near=self.place)
                 self.place, self.following = found or self.place, found is not None
-            if self.following:
+            if self.following and self.place < len(self.prediction.tokens):
                 return self.prediction.tokens[self.place : self.place + count]
         start = self.context.after(key, len(tokens))
         return [] if start is None else tokens[start : start + count]

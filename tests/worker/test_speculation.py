@@ -212,6 +212,19 @@ def test_lookup_drafts_only_while_the_answer_copies() -> None:
     assert drafter.hits < DRAFTING and not drafter.drafting
 
 
+def test_a_member_whose_drafts_keep_being_refused_rests_each_time_longer() -> None:
+    drafter = Drafter([1, 2, 3, 4], [9] * 8, resumed=False)
+    for _ in range(6):
+        drafter.observe(4, 0)
+    assert not drafter.drafting and drafter.resting == 16 and drafter.rejected == 24
+    for _ in range(16):
+        drafter.extend(9)  # the prediction's guesses hit meanwhile
+    assert drafter.drafting
+    for _ in range(6):
+        drafter.observe(2, 0)
+    assert drafter.resting == 32
+
+
 def test_a_prediction_is_followed_and_found_again_after_the_answer_leaves_it() -> None:
     prediction = list(range(100, 140))
     drafter = Drafter([1, 2], prediction, resumed=False)
