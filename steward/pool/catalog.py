@@ -35,7 +35,14 @@ CHOICES = {
     "speculate": ("auto", "none"),
 }
 # a model's own settings: ServeConfig fields its table may override
-OVERRIDES = ("max_batch", "standby", "max_restarts", "prompt_cache_bytes", "speculate")
+OVERRIDES = (
+    "max_batch",
+    "standby",
+    "max_restarts",
+    "prompt_cache_bytes",
+    "speculate",
+    "draft_model",
+)
 KEYS: dict[str, type | tuple[type, ...]] = {
     "path": str,
     "aliases": list,
@@ -47,6 +54,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "max_restarts": int,
     "prompt_cache_bytes": int,
     "speculate": str,
+    "draft_model": str,
 }
 
 

@@ -67,6 +67,7 @@ from steward.worker.speculation import Drafter, room
 
 if TYPE_CHECKING:
     from steward.worker.diskcache import DiskCache
+    from steward.worker.draft_model import DraftModel
 
 CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps lookups short
 
@@ -131,6 +132,7 @@ class Engine:
         disk: DiskCache | None = None,
         chunks: Chunks | None = None,  # how prefill chunks are sized (a group's agree)
         speculate: str = "auto",  # or "none": members draft tokens (speculation.py)
+        draft: DraftModel | None = None,  # `--draft-model`: a source of drafts
     ) -> None:
         self.backend = backend
         self.max_batch = max_batch
@@ -150,6 +152,7 @@ class Engine:
         # A verify step trims what it refused from each row: plain KV layers only.
         layers = make_prompt_cache(backend.model)
         self.speculating = speculate != "none" and all(type(c) is KVCache for c in layers)
+        self.draft = draft
         self.batch = self._batch()
 
     def _batch(self) -> Batch:
@@ -391,7 +394,8 @@ class Engine:
             return None
         text = req.prediction
         predicted = self.backend.tokenizer.encode(text, add_special_tokens=False) if text else []
-        return Drafter(tokens, predicted, resumed=bool(req.resume))
+        reader = None if self.draft is None else self.draft.reader()
+        return Drafter(tokens, predicted, resumed=bool(req.resume), model=reader)
 
     def _logprobs(self, members: list[Member | None], outputs: list[Any]) -> list[Logprob | None]:
         """Each output's log-probabilities, for the members that asked (not for the EOS

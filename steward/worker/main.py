@@ -55,6 +55,7 @@ from steward.worker.prepared import Prepared
 if TYPE_CHECKING:
     from steward.worker.backend import Backend
     from steward.worker.diskcache import DiskCache
+    from steward.worker.draft_model import DraftModel
     from steward.worker.embedding_engine import EmbeddingEngine
     from steward.worker.engine import Engine
     from steward.worker.lockstep import Lockstep
@@ -162,7 +163,9 @@ def _engine(
     given = settings.calibration or (calibration.stored(kept) if gpu else None)
     if given is not None:
         cache_bytes, speculate = settings.prompt_cache_bytes, settings.speculate
-        engine = Engine(backend, given.max_batch, cache_bytes, disk, speculate=speculate)
+        engine = Engine(
+            backend, given.max_batch, cache_bytes, disk, speculate=speculate, draft=_draft(settings)
+        )
         engine.calibrate(given)
         if gpu:
             with phases.timed("warmup"):
@@ -194,6 +197,7 @@ def _measured(
         settings.prompt_cache_bytes,
         disk,
         speculate=settings.speculate,
+        draft=_draft(settings),
     )
     deadline = time.perf_counter() + warmup.BUDGET
     gpu = warmup.on_gpu()
@@ -215,6 +219,18 @@ def _measured(
         warmup.prefill(engine, deadline)
     rate = engine.chunks.rate
     return engine, Calibration(chosen, rate, chunks.sized(rate))
+
+
+def _draft(settings: WorkerSettings) -> DraftModel | None:
+    """`--draft-model`, loaded (its tokenizer is the model's: the front checked)."""
+    if settings.draft_model is None or settings.speculate == "none":
+        return None
+    from mlx_lm import load
+
+    from steward.worker.draft_model import DraftModel
+
+    model, _ = load(settings.draft_model)
+    return DraftModel(model)
 
 
 def _embedding_engine(settings: WorkerSettings, injector: Injector) -> EmbeddingEngine:

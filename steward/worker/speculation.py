@@ -16,11 +16,18 @@ turns it off again. A prediction starts trusted. How many tokens it drafts (`k`)
 what its last verify kept: all of them doubles it, fewer makes it one more than kept. A
 member whose drafts keep being refused though its guesses hit (`kept`, a running mean of
 the share kept) rests from drafting, each rest twice as long as the last.
+
+With `--draft-model`, a member whose text does not copy drafts the draft model's greedy
+continuation instead (draft_model.py): always, but for its rests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from steward.worker.draft_model import Reader
 
 ORDER = 3  # tokens a lookup matches on: fewer finds too many places that do not continue
 HIT_WEIGHT = 0.25  # of the latest token in `hits`: three hits in a row turn drafting on
@@ -59,10 +66,19 @@ class Ngrams:
 
 class Drafter:
     """One member's drafts: from its prediction while the answer follows it, else by lookup
-    in its prompt and answer. Counts what its drafts kept, for usage."""
+    in its prompt and answer, else from the draft model. Counts what its drafts kept, for
+    usage."""
 
-    def __init__(self, tokens: Sequence[int], prediction: Sequence[int], resumed: bool) -> None:
-        """`tokens`: the prompt and any answer resumed after a fault (`resumed`)."""
+    def __init__(
+        self,
+        tokens: Sequence[int],
+        prediction: Sequence[int],
+        resumed: bool,
+        model: Reader | None = None,
+    ) -> None:
+        """`tokens`: the prompt and any answer resumed after a fault (`resumed`); `model`:
+        the member's view of the draft model, if there is one."""
+        self.model = model
         self.context = Ngrams(tokens)  # the prompt, then each token of the answer
         self.prediction = Ngrams(prediction) if prediction else None
         self.place = 0  # the prediction's token the answer is at
@@ -76,8 +92,13 @@ class Drafter:
         self.rejected = 0  # drafts verified and refused
 
     @property
+    def copying(self) -> bool:
+        """Its guesses from the prediction and lookup hit."""
+        return self.hits >= DRAFTING
+
+    @property
     def drafting(self) -> bool:
-        return self.hits >= DRAFTING and not self.resting
+        return (self.copying or self.model is not None) and not self.resting
 
     def extend(self, token: int) -> None:
         """The answer's next token: was it the one guessed?"""
@@ -96,7 +117,10 @@ class Drafter:
         stands for it: the drafts are what followed it."""
         if not self.drafting:
             return []
-        return self._continuation(1 + min(self.k, room))[1:]
+        count = 1 + min(self.k, room)
+        if self.copying or self.model is None:
+            return self._continuation(count)[1:]
+        return self.model.continuation(self.context.tokens, count)[1:]
 
     def observe(self, offered: int, kept: int) -> None:
         """What a verify step kept of the drafts it was offered."""

@@ -140,6 +140,18 @@ def test_a_prediction_of_another_type_is_refused(servers) -> None:
     assert response.status_code == 400 and "prediction" in response.text
 
 
+def test_a_draft_model_answers_as_without_and_a_foreign_one_exits_78(
+    servers, tiny_model: Path, tmp_path: Path, default_model_dir: Path, serve
+) -> None:
+    drafted = serve("--model", str(tiny_model), "--draft-model", str(tiny_model))
+    drafted.wait()
+    assert chat(drafted, stream=True) == chat(servers["none"], stream=True)
+    think = build_thinking_model(tmp_path / "think", default_model_dir)  # tokens of its own
+    foreign = serve("--model", str(tiny_model), "--draft-model", str(think))
+    assert foreign.exit_code() == 78
+    assert "tokenizer is not the model's" in foreign.output()
+
+
 def test_a_thinking_answer_verified_several_tokens_a_step_splits_as_alone(
     tmp_path: Path, default_model_dir: Path, serve
 ) -> None:

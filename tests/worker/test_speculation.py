@@ -197,6 +197,21 @@ def test_drafts_under_a_grammar_keep_it(engines, backend) -> None:
     assert matcher.consume_tokens([t for t, _ in tokens[9]])
 
 
+def test_a_draft_model_drafts_what_does_not_copy(backend) -> None:
+    """The model as its own draft model: its greedy continuation is the answer, so its
+    drafts are kept, and the answer is the one without speculation."""
+    from steward.worker.draft_model import DraftModel
+    from steward.worker.engine import Engine
+
+    engines = {
+        "auto": Engine(backend, 8, 0, draft=DraftModel(backend.model)),
+        "none": Engine(backend, 8, 0, speculate="none"),
+    }
+    reqs = [ask(12, "Once upon a time", max_tokens=24), ask(13, "In the beginning", max_tokens=9)]
+    dones = same_answers(engines, reqs)
+    assert dones[12].accepted_prediction_tokens >= 12
+
+
 def test_lookup_drafts_only_while_the_answer_copies() -> None:
     """Three guessed tokens in a row turn drafting on; guesses that fail turn it off."""
     drafter = Drafter([1, 2, 3, 4, 5, 6, 7, 8], [], resumed=False)
