@@ -6,12 +6,14 @@ default (`auto`), one after the other on the same device:
   asked plainly (n-gram lookup alone) and with the file as OpenAI's `prediction`, at each
   `--edit-concurrency` level;
 - chat stories, which do not copy, at each `--chat-concurrency` level.
+With `--draft-model DIR`, both workloads also against a steward with that draft model and
+against `mlx_lm.server --draft-model` (the same pair), at each `--draft-concurrency` level.
 Each client streams `--rounds` requests back to back (greedy). Printed per workload, mode
 and C: per-request decode tok/s (median, after the first token, the server's own usage
 count over the stream's time), aggregate tok/s, the draft tokens' acceptance (usage), and
 the ratio of decode speed to speculation off.
 
-    python -m bench.speculation [--model DIR] [--quick]
+    python -m bench.speculation [--model DIR] [--draft-model DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +29,7 @@ from typing import Any
 
 from bench.client import pooled, stream_chat
 from bench.overhead import bench_model, start_server
+from bench.throughput import start_peer
 
 STORY = "Write a long story about a lighthouse keeper and the ships she watches."
 EDIT = (
@@ -73,14 +77,16 @@ class Level:
         return self.accepted / drafted if drafted else float("nan")
 
 
-def body(workload: str, predicted: bool, client: int, args: argparse.Namespace) -> dict[str, Any]:
+def body(
+    workload: str, predicted: bool, client: int, model: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """One client's request: its own file to edit (so no two prompts are one), or a story;
     the prediction is the file as it was, in the code block the answer is asked for."""
     file, function = source(args.functions, client)
-    content = EDIT.format(file=file, function=function, old="scale", new="factor")
+    edit = EDIT.format(file=file, function=function, old="scale", new="factor")
     ask: dict[str, Any] = {
-        "model": "default",
-        "messages": [{"role": "user", "content": STORY if workload == "story" else content}],
+        "model": model,
+        "messages": [{"role": "user", "content": STORY if workload == "story" else edit}],
         "max_tokens": args.tokens,
         "temperature": 0,
         "stream": True,
@@ -92,14 +98,15 @@ def body(workload: str, predicted: bool, client: int, args: argparse.Namespace) 
 
 
 async def load(
-    url: str, workload: str, predicted: bool, clients: int, args: argparse.Namespace
+    url: str, model: str, workload: str, predicted: bool, clients: int, args: argparse.Namespace
 ) -> Level:
     level = Level()
     async with pooled(url, clients) as http:
 
         async def user(client: int) -> None:
             for _ in range(args.rounds):
-                seen = await stream_chat(http, body(workload, predicted, client, args))
+                ask = body(workload, predicted, client, model, args)
+                seen = await stream_chat(http, ask)
                 if isinstance(seen, str) or not seen.times or not seen.usage:
                     level.errors.append(seen if isinstance(seen, str) else "no tokens")
                     continue
@@ -117,24 +124,32 @@ async def load(
     return level
 
 
-def run(model: Path, speculate: str, args: argparse.Namespace) -> dict[tuple, Level]:
-    """Every workload, mode and level against one server (warmed up alike, unmeasured)."""
-    modes = [("edit", False, args.edit), ("story", False, args.chat)]
-    if speculate == "auto":
-        modes.insert(1, ("edit", True, args.edit))
-    proc, url = start_server(model, ["--speculate", speculate, "--queue-size", "256"])
+# A server's modes: (workload, with the prediction, the mode's name, concurrency levels).
+Modes = list[tuple[str, bool, str, list[int]]]
+
+
+def run(
+    name: str,
+    started: tuple[subprocess.Popen, str],
+    model: str,
+    work: Modes,
+    args: argparse.Namespace,
+) -> dict[tuple[str, str, int], Level]:
+    """Every workload and level of `work` against one server, each level warmed up once
+    alike (unmeasured), then measured; the server stopped after."""
+    proc, url = started
     results = {}
     once = argparse.Namespace(**{**vars(args), "rounds": 1})
     try:
-        for workload, predicted, levels in modes:
+        for workload, predicted, mode, levels in work:
             for c in levels:
-                asyncio.run(load(url, workload, predicted, c, once))  # every shape met once
-                level = asyncio.run(load(url, workload, predicted, c, args))
-                results[workload, predicted, c] = level
+                asyncio.run(load(url, model, workload, predicted, c, once))
+                level = asyncio.run(load(url, model, workload, predicted, c, args))
+                results[workload, mode, c] = level
+                speed = statistics.median(level.decode or [0])
                 print(
-                    f"  {speculate:5} {workload:5} {'prediction' if predicted else 'plain':10} "
-                    f"c={c}: {statistics.median(level.decode or [0]):.1f} tok/s/request, "
-                    f"errors {level.errors or 0}",
+                    f"  {name:10} {workload:5} {mode:10} c={c}: {speed:.1f} tok/s/request "
+                    f"errors {len(level.errors)}",
                     flush=True,
                 )
     finally:
@@ -148,6 +163,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="MLX model dir (default: the default model)")
     parser.add_argument("--edit-concurrency", default="1,8,32")
     parser.add_argument("--chat-concurrency", default="1,32")
+    parser.add_argument("--draft-model", type=Path, help="also a draft model, and mlx_lm.server")
+    parser.add_argument("--draft-concurrency", default="1,8")
+    parser.add_argument("--no-peer", action="store_true", help="skip mlx_lm.server --draft-model")
     parser.add_argument("--functions", type=int, default=12, help="in the edited file")
     parser.add_argument("--tokens", type=int, default=1200, help="most tokens an answer has")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client")
@@ -156,29 +174,46 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.quick:
-        args.edit_concurrency, args.chat_concurrency = "1,2", "1,2"
+        args.edit_concurrency = args.chat_concurrency = args.draft_concurrency = "1,2"
         args.functions, args.tokens, args.rounds = 2, 32, 1
-    args.edit = [int(c) for c in args.edit_concurrency.split(",")]
-    args.chat = [int(c) for c in args.chat_concurrency.split(",")]
+    edit, chat, drafted = (
+        [int(c) for c in text.split(",")]
+        for text in (args.edit_concurrency, args.chat_concurrency, args.draft_concurrency)
+    )
     model = bench_model(args.model)
     print(f"model {model}, {args.functions} functions, at most {args.tokens} tokens an answer")
-    off = run(model, "none", args)
-    on = run(model, "auto", args)
+    if args.draft_model:
+        edit_off, chat_off = sorted({*edit, *drafted}), sorted({*chat, *drafted})
+    else:
+        edit_off, chat_off = edit, chat
+    off = [("edit", False, "off", edit_off), ("story", False, "off", chat_off)]
+    on = [
+        ("edit", False, "lookup", edit),
+        ("edit", True, "prediction", edit),
+        ("story", False, "lookup", chat),
+    ]
+    results = run("off", start_server(model, ["--speculate", "none"]), "default", off, args)
+    results |= run("on", start_server(model, []), "default", on, args)
+    if args.draft_model:
+        draft = [("edit", False, "draft", drafted), ("story", False, "draft", drafted)]
+        server = start_server(model, ["--draft-model", str(args.draft_model)])
+        results |= run("draft", server, "default", draft, args)
+        if not args.no_peer:
+            peer = [(w, p, "mlx_lm " + m, c) for w, p, m, c in draft]
+            server = start_peer(model, args.tokens, ["--draft-model", str(args.draft_model)])
+            results |= run("mlx_lm", server, str(model), peer, args)
 
     print()
-    head = f"{'workload':10}{'mode':12}{'c':>4}{'decode tok/s/req':>18}{'agg tok/s':>11}"
+    head = f"{'workload':10}{'mode':16}{'c':>4}{'decode tok/s/req':>18}{'agg tok/s':>11}"
     print(head + f"{'acceptance':>12}{'vs off':>8}  errors")
-    for (workload, predicted, c), level in sorted(on.items(), key=lambda kv: kv[0]):
-        base = off[workload, False, c]
-        for mode, r in (("off", base), ("prediction" if predicted else "lookup", level)):
-            if mode == "off" and predicted:
-                continue  # printed once, beside lookup
-            speed = statistics.median(r.decode or [0])
-            ratio = speed / statistics.median(base.decode or [float("nan")])
-            print(
-                f"{workload:10}{mode:12}{c:>4}{speed:>18.1f}{r.tokens / r.wall:>11.1f}"
-                f"{r.acceptance:>12.2f}{ratio:>8.2f}  {len(r.errors)}"
-            )
+    for (workload, mode, c), r in sorted(results.items()):
+        speed = statistics.median(r.decode or [0])
+        base = results.get((workload, "off", c))
+        ratio = speed / statistics.median(base.decode or [float("nan")]) if base else float("nan")
+        print(
+            f"{workload:10}{mode:16}{c:>4}{speed:>18.1f}{r.tokens / r.wall:>11.1f}"
+            f"{r.acceptance:>12.2f}{ratio:>8.2f}  {len(r.errors)}"
+        )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import mlx.core as mx
 from mlx_lm.models.cache import (
     KVCache,
     can_trim_prompt_cache,
@@ -153,6 +154,7 @@ class Engine:
         layers = make_prompt_cache(backend.model)
         self.speculating = speculate != "none" and all(type(c) is KVCache for c in layers)
         self.draft = draft
+        self.gpu = mx.default_device().type == mx.DeviceType.gpu  # a position costs little
         self.batch = self._batch()
 
     def _batch(self) -> Batch:
@@ -374,7 +376,7 @@ class Engine:
         if not self.speculating or self.batch.processing():
             return {}
         uids = self.batch.uids
-        most = room(len(uids))
+        most = room(len(uids), self.gpu)
         drafts = {}
         for uid in uids:
             member = self.members.get(uid)

@@ -38,7 +38,10 @@ KEPT_WEIGHT = 0.25  # of the latest verify's share kept, in `kept`
 KEPT_FLOOR = 0.2  # `kept` below which a member rests from drafting
 FIRST_REST = 16  # tokens of a member's first rest; each next one is twice as long
 LONGEST_REST = 1024
-POSITIONS = 256  # a verify step's rows times its width, at most: the batch's padded work
+POSITIONS = 256  # on a GPU, a verify step's rows times its width, at most (padded work)
+# A CPU computes every position it verifies, at nearly a step's cost each: few drafts, so a
+# refused one costs little (docs/speculation.md has the measure).
+MOST_ON_CPU = 2
 
 
 class Ngrams:
@@ -150,7 +153,8 @@ class Drafter:
         return [] if start is None else tokens[start : start + count]
 
 
-def room(rows: int) -> int:
-    """The most drafts a row of a verify step over `rows` rows may carry: every row is
-    padded to the longest, so a wide batch verifies fewer each."""
-    return max(1, POSITIONS // max(rows, 1) - 1)
+def room(rows: int, gpu: bool) -> int:
+    """The most drafts a row of a verify step over `rows` rows may carry. On a GPU, whose
+    decode step is bound by the host, every row is padded to the longest, so a wide batch
+    verifies fewer each; on a CPU, a few."""
+    return max(1, POSITIONS // max(rows, 1) - 1) if gpu else MOST_ON_CPU

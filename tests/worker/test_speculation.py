@@ -170,7 +170,7 @@ def test_a_prediction_right_wrong_or_partly_right(engines, backend, how: str) ->
     done = same_answers(engines, [ask(8, prompt, max_tokens=40, prediction=prediction)])[8]
     accepted, rejected = done.accepted_prediction_tokens, done.rejected_prediction_tokens
     if how == "right":
-        assert accepted >= 30 and rejected <= 2
+        assert accepted >= 20 and rejected <= 2  # a CPU verifies two drafts at most a step
     elif how == "wrong":
         assert accepted < 10 and rejected > 0
     else:
