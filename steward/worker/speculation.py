@@ -23,6 +23,7 @@ continuation instead (draft_model.py): always, but for its rests.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from steward.worker.draft_model import Reader
 
 ORDER = 3  # tokens a lookup matches on: fewer finds too many places that do not continue
+LOOKBACK = 32768  # a prompt's last tokens indexed for lookup (indexing runs on the step thread)
 HIT_WEIGHT = 0.25  # of the latest token in `hits`: three hits in a row turn drafting on
 DRAFTING = 0.5  # `hits` at or above which a member drafts
 FIRST_K = 4  # drafts a member starts with
@@ -61,10 +63,12 @@ class Ngrams:
     def after(self, key: tuple[int, ...], before: int, near: int = 0) -> int | None:
         """Where what followed `key` starts, of its occurrences ending before `before`: the
         first at or past `near` (a prediction's place), else the latest."""
-        ends = [end for end in self.ends.get(key, ()) if end < before]
-        if not ends:
+        ends = self.ends.get(key, [])  # in order
+        last = bisect_left(ends, before)
+        if not last:
             return None
-        return next((end for end in ends if end >= near), ends[-1])
+        first = bisect_left(ends, near, 0, last)
+        return ends[first] if first < last else ends[last - 1]
 
 
 class Drafter:
@@ -82,7 +86,7 @@ class Drafter:
         """`tokens`: the prompt and any answer resumed after a fault (`resumed`); `model`:
         the member's view of the draft model, if there is one."""
         self.model = model
-        self.context = Ngrams(tokens)  # the prompt, then each token of the answer
+        self.context = Ngrams(tokens[-LOOKBACK:])  # the prompt, then each token of the answer
         self.prediction = Ngrams(prediction) if prediction else None
         self.place = 0  # the prediction's token the answer is at
         self.following = not resumed  # the answer's last tokens were the prediction's
