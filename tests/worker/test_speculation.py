@@ -177,6 +177,18 @@ def test_a_prediction_right_wrong_or_partly_right(engines, backend, how: str) ->
         assert accepted >= 15 and rejected > 0
 
 
+def test_a_seeded_answer_verified_with_drafts_repeats(engines, backend) -> None:
+    """Each position is drawn with its own key, and the keys of the positions a verify step
+    did not keep are drawn again: the seeded answer is the one without speculation."""
+    sampling = {"temperature": 1.0, "seed": 21}
+    tokens, _ = answers(engines["none"], [ask(14, "Once", max_tokens=30, **sampling)])
+    text = backend.tokenizer.decode([t for t, _ in tokens[14]])
+    cut = text[: len(text) // 2] + " and then" + text[len(text) // 2 :]  # refused in the middle
+    for id, prediction in ((15, text), (16, cut)):
+        reqs = [ask(id, "Once", max_tokens=30, prediction=prediction, **sampling)]
+        assert same_answers(engines, reqs)[id].accepted_prediction_tokens > 0
+
+
 def test_drafts_under_a_grammar_keep_it(engines, backend) -> None:
     """A member under a grammar verifies its drafts with each position masked as the
     grammar allows there: a draft the grammar forbids is never kept, the answer is the
