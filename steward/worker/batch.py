@@ -185,9 +185,16 @@ def agreed(draft: list[int], drawn: list[int]) -> int:
 
 
 def roll(layers: list[Any], drops: list[int]) -> None:
-    """Each row of the batched caches drops its last `drops[row]` tokens: its keys and
-    values move right by that many inside the batch's shared length, behind as much more
-    left padding (what wraps round lies there, masked), so no row moves another."""
+    """Each row of the batched caches drops its last `drops[row]` tokens. What every row
+    drops goes by shortening the batch's shared length (no copy: a batch of one always);
+    the rest of a row's drop by moving its keys and values right by that many inside the
+    shared length, behind as much more left padding (what wraps round lies there, masked),
+    so no row moves another."""
+    common = min(drops, default=0)
+    if common:
+        for layer in layers:
+            layer.trim(common)
+        drops = [drop - common for drop in drops]
     if not any(drops):
         return
     shift = mx.array(drops)
