@@ -34,13 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import mlx.core as mx
-from mlx_lm.models.cache import (
-    KVCache,
-    can_trim_prompt_cache,
-    make_prompt_cache,
-    trim_prompt_cache,
-)
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from steward.wire.protocol import (
     Admitted,
@@ -64,7 +58,7 @@ from steward.worker.prepared import Prepared, prepared
 from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
 from steward.worker.solo import Solo
-from steward.worker.speculation import Drafter, room
+from steward.worker.speculation import Drafter, Speculation
 
 if TYPE_CHECKING:
     from steward.worker.diskcache import DiskCache
@@ -150,11 +144,7 @@ class Engine:
         self.chunks = chunks or Chunks()  # prefill chunks sized by measured speed
         self.shapes: set[Shape] = set()  # met by a step so far (a warm-up's included)
         self.width = 1  # the positions the coming step feeds each decoding row
-        # A verify step trims what it refused from each row: plain KV layers only.
-        layers = make_prompt_cache(backend.model)
-        self.speculating = speculate != "none" and all(type(c) is KVCache for c in layers)
-        self.draft = draft
-        self.gpu = mx.default_device().type == mx.DeviceType.gpu  # a position costs little
+        self.speculation = Speculation(backend.model, speculate, draft)
         self.batch = self._batch()
 
     def _batch(self) -> Batch:
@@ -195,7 +185,7 @@ class Engine:
         except ValueError as exc:
             return Rejected(req.id, "validation_error", str(exc))
         member = Member(
-            drafter=self._drafter(req, tokens),
+            drafter=self.speculation.drafter(req, tokens, backend.tokenizer),
             req=req,
             prompt_tokens=len(prompt),
             cached_tokens=min(held, len(prompt)),  # what usage reports: of the prompt
@@ -373,31 +363,16 @@ class Engine:
         """Each decoding member's drafts, by uid, no more than its answer has room for after
         the token it feeds; none while a row is in mlx-lm's per-row processor loop (its
         step is mlx-lm's own)."""
-        if not self.speculating or self.batch.processing():
+        if not self.speculation.on or self.batch.processing():
             return {}
-        uids = self.batch.uids
-        most = room(len(uids), self.gpu)
-        drafts = {}
-        for uid in uids:
+        rows = []
+        for uid in self.batch.uids:
             member = self.members.get(uid)
-            drafter = None if member is None or member.ended else member.drafter
-            if drafter is None:
+            if member is None or member.ended or member.drafter is None:
                 continue
             limit = member.req.max_tokens or self.backend.context_length - member.prompt_tokens
-            left = min(most, limit - member.count - 1)
-            if left > 0 and (drafted := drafter.propose(left)):
-                drafts[uid] = drafted
-        return drafts
-
-    def _drafter(self, req: Generate, tokens: list[int]) -> Drafter | None:
-        """A member's drafts: from its prediction and by lookup in `tokens` (its prompt and
-        resumed answer); none for the worker's own requests."""
-        if not self.speculating or req.internal:
-            return None
-        text = req.prediction
-        predicted = self.backend.tokenizer.encode(text, add_special_tokens=False) if text else []
-        reader = None if self.draft is None else self.draft.reader()
-        return Drafter(tokens, predicted, resumed=bool(req.resume), model=reader)
+            rows.append((uid, member.drafter, limit - member.count - 1))
+        return self.speculation.drafts(rows, len(self.batch.uids))
 
     def _logprobs(self, members: list[Member | None], outputs: list[Any]) -> list[Logprob | None]:
         """Each output's log-probabilities, for the members that asked (not for the EOS

@@ -25,10 +25,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 if TYPE_CHECKING:
-    from steward.worker.draft_model import Reader
+    from steward.wire.protocol import Generate
+    from steward.worker.draft_model import DraftModel, Reader
 
 ORDER = 3  # tokens a lookup matches on: fewer finds too many places that do not continue
 LOOKBACK = 32768  # a prompt's last tokens indexed for lookup (indexing runs on the step thread)
@@ -155,6 +159,39 @@ class Drafter:
                 return self.prediction.tokens[self.place : self.place + count]
         start = self.context.after(key, len(tokens))
         return [] if start is None else tokens[start : start + count]
+
+
+class Speculation:
+    """An engine's speculative decoding: whether it drafts at all (`--speculate`, and a
+    model whose cache a verify step can trim: plain KV layers), each member's `Drafter`, and
+    each step's drafts."""
+
+    def __init__(self, model: Any, speculate: str, draft: DraftModel | None) -> None:
+        layers = make_prompt_cache(model)
+        self.on = speculate != "none" and all(type(c) is KVCache for c in layers)
+        self.draft = draft
+        self.gpu = mx.default_device().type == mx.DeviceType.gpu  # a position costs little
+
+    def drafter(self, req: Generate, tokens: list[int], tokenizer: Any) -> Drafter | None:
+        """A member's drafter, from its prediction and `tokens` (its prompt and resumed
+        answer); none for the worker's own requests (the canary, a warm-up)."""
+        if not self.on or req.internal:
+            return None
+        text = req.prediction
+        predicted = tokenizer.encode(text, add_special_tokens=False) if text else []
+        reader = None if self.draft is None else self.draft.reader()
+        return Drafter(tokens, predicted, resumed=bool(req.resume), model=reader)
+
+    def drafts(self, rows: list[tuple[int, Drafter, int]], width: int) -> dict[int, list[int]]:
+        """The drafts of a verify step over `width` rows, by uid, of the `rows` that may
+        draft: (uid, its drafter, the tokens its answer has room for after the one it
+        feeds). A row carries no more than `room` allows."""
+        most = room(width, self.gpu)
+        drafts = {}
+        for uid, drafter, left in rows:
+            if (allowed := min(most, left)) > 0 and (drafted := drafter.propose(allowed)):
+                drafts[uid] = drafted
+        return drafts
 
 
 def room(rows: int, gpu: bool) -> int:
