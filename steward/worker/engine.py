@@ -144,7 +144,7 @@ class Engine:
         self.chunks = chunks or Chunks()  # prefill chunks sized by measured speed
         self.shapes: set[Shape] = set()  # met by a step so far (a warm-up's included)
         self.width = 1  # the positions the coming step feeds each decoding row
-        self.speculation = Speculation(backend.model, speculate, draft)
+        self.speculation = Speculation(backend.model, speculate, draft, self.chunks)
         self.batch = self._batch()
 
     def _batch(self) -> Batch:

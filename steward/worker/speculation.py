@@ -30,8 +30,11 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from steward.worker.chunks import BUDGET
+
 if TYPE_CHECKING:
     from steward.wire.protocol import Generate
+    from steward.worker.chunks import Chunks
     from steward.worker.draft_model import DraftModel, Reader
 
 ORDER = 3  # tokens a lookup matches on: fewer finds too many places that do not continue
@@ -48,6 +51,7 @@ POSITIONS = 256  # on a GPU, a verify step's rows times its width, at most (padd
 # A CPU computes every position it verifies, at nearly a step's cost each: few drafts, so a
 # refused one costs little (docs/speculation.md has the measure).
 MOST_ON_CPU = 2
+FIRST_READ = 16  # prompt tokens a draft model reads a step before prefill speed is measured
 
 
 class Ngrams:
@@ -166,10 +170,13 @@ class Speculation:
     model whose cache a verify step can trim: plain KV layers), each member's `Drafter`, and
     each step's drafts."""
 
-    def __init__(self, model: Any, speculate: str, draft: DraftModel | None) -> None:
+    def __init__(
+        self, model: Any, speculate: str, draft: DraftModel | None, chunks: Chunks
+    ) -> None:
         layers = make_prompt_cache(model)
         self.on = speculate != "none" and all(type(c) is KVCache for c in layers)
         self.draft = draft
+        self.chunks = chunks  # the engine's prefill chunks: how fast a prompt is read
         self.gpu = mx.default_device().type == mx.DeviceType.gpu  # a position costs little
 
     def drafter(self, req: Generate, tokens: list[int], tokenizer: Any) -> Drafter | None:
@@ -179,8 +186,14 @@ class Speculation:
             return None
         text = req.prediction
         predicted = tokenizer.encode(text, add_special_tokens=False) if text else []
-        reader = None if self.draft is None else self.draft.reader()
+        reader = None if self.draft is None else self.draft.reader(self.readable)
         return Drafter(tokens, predicted, resumed=bool(req.resume), model=reader)
+
+    def readable(self) -> int:
+        """Prompt tokens the draft model may read in a step: what the target prefills in a
+        prefill chunk's time budget (the draft model is the smaller), once measured."""
+        rate = self.chunks.rate
+        return max(1, int(rate * BUDGET)) if rate else FIRST_READ
 
     def drafts(self, rows: list[tuple[int, Drafter, int]], width: int) -> dict[int, list[int]]:
         """The drafts of a verify step over `width` rows, by uid, of the `rows` that may
