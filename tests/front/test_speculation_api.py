@@ -146,6 +146,14 @@ def test_a_draft_model_answers_as_without_and_a_foreign_one_exits_78(
     drafted = serve("--model", str(tiny_model), "--draft-model", str(tiny_model))
     drafted.wait()
     assert chat(drafted, stream=True) == chat(servers["none"], stream=True)
+    story: Any = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24}
+    answers = [
+        server.http.post("/v1/chat/completions", json={**story, "temperature": 0}).json()
+        for server in (drafted, servers["none"])
+    ]
+    assert answers[0]["choices"] == answers[1]["choices"]
+    details = answers[0]["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] > 0  # the model as its own draft model
     think = build_thinking_model(tmp_path / "think", default_model_dir)  # tokens of its own
     foreign = serve("--model", str(tiny_model), "--draft-model", str(think))
     assert foreign.exit_code() == 78
