@@ -2,10 +2,11 @@
 model's greedy answers in every dialect, streamed and not, are the same with speculation
 on (the default) and off; OpenAI's `prediction` is taken, its draft tokens counted in
 usage and in `/metrics`; a thinking answer verified several tokens a step is split into
-thinking and answer as one token a step is."""
+thinking and answer, and a tool call parsed, as one token a step is."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,8 +15,14 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.conftest import Server
-from tests.tinymodel import ANSWER, THINKING, build_thinking_model
+from tests.conftest import Server, function_tool
+from tests.tinymodel import (
+    ANSWER,
+    THINKING,
+    TOOL_SCRIPT,
+    build_scripted_model,
+    build_thinking_model,
+)
 
 # The tiny random model's answer repeats itself: lookup in its own answer drafts it.
 ASK = "def area(w, h):\n    return w * h\n" * 4
@@ -192,3 +199,28 @@ def test_a_thinking_answer_verified_several_tokens_a_step_splits_as_alone(
             usage = chunks[-1].usage.model_dump()
         assert (thinking, text) == (THINKING, ANSWER)
         assert usage["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+
+
+def test_a_tool_call_verified_several_tokens_a_step_is_parsed_as_alone(
+    tmp_path: Path, default_model_dir: Path, serve
+) -> None:
+    model = build_scripted_model(tmp_path / "tools", default_model_dir)
+    server = serve("--model", str(model), "--served-model-name", "tools")
+    server.wait()
+    weather = function_tool("get_weather", "The weather in a city.", {"city": {"type": "string"}})
+    reply = server.client().chat.completions.create(
+        model="tools",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[weather],
+        temperature=0,
+        max_tokens=32,
+        prediction={"type": "content", "content": TOOL_SCRIPT},
+    )
+    (call,) = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls" and not reply.choices[0].message.content
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Paris"},
+    )
+    assert reply.usage.completion_tokens == 11  # the script's tokens, as without a prediction
+    assert reply.usage.completion_tokens_details.accepted_prediction_tokens > 0
