@@ -206,7 +206,10 @@ def main() -> None:
     print()
     head = f"{'workload':10}{'mode':16}{'c':>4}{'decode tok/s/req':>18}{'agg tok/s':>11}"
     print(head + f"{'acceptance':>12}{'vs off':>8}  errors")
-    for (workload, mode, c), r in sorted(results.items()):
+    order = ["off", "lookup", "prediction", "draft", "mlx_lm draft"]
+    for (workload, mode, c), r in sorted(
+        results.items(), key=lambda kv: (kv[0][0], kv[0][2], order.index(kv[0][1]))
+    ):
         speed = statistics.median(r.decode or [0])
         base = results.get((workload, "off", c))
         ratio = speed / statistics.median(base.decode or [float("nan")]) if base else float("nan")
