@@ -85,13 +85,16 @@ async def load(url: str, model: str, clients: int, rounds: int, tokens: int) -> 
     return level
 
 
-def start_peer(model: Path, max_tokens: int) -> tuple[subprocess.Popen, str]:
-    """mlx_lm.server on a free port, once it answers."""
+def start_peer(
+    model: Path, max_tokens: int, extra: list[str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """mlx_lm.server on a free port, once it answers (`extra`: more of its flags)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "mlx_lm.server", "--model", str(model)]
     command += ["--port", str(port), "--max-tokens", str(max_tokens), "--log-level", "WARNING"]
+    command += extra or []
     proc = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     for _ in range(6000):

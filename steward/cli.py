@@ -14,11 +14,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steward import __version__, drill
 from steward.config import ServeConfig
 from steward.front.dialects.openai import MAX_N
+
+if TYPE_CHECKING:
+    from steward.pool.catalog import ModelEntry
 
 EX_CONFIG = 78
 DEFAULTS = ServeConfig()
@@ -192,6 +195,22 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     _flag(
         p,
+        "speculate",
+        str,
+        "speculative decoding: auto (each member drafts tokens from its request's prediction "
+        "and by lookup in its own prompt and answer, while they are accepted), none",
+        choices=["auto", "none"],
+    )
+    _flag(
+        p,
+        "draft-model",
+        str,
+        "a smaller model with the model's own tokenizer whose greedy continuations are "
+        "drafts too (a directory, a .gguf or a cached repo id; another tokenizer exits 78)",
+        metavar="PATH",
+    )
+    _flag(
+        p,
         "prompt-cache-bytes",
         byte_size,
         "KV cache kept for prompt prefixes across requests, LRU (0: none)",
@@ -313,6 +332,7 @@ def serve(args: argparse.Namespace) -> int:
         models = [
             replace(m, kind=kind.resolve(m.kind or config.model_kind, m.source)) for m in models
         ]
+        models = [with_draft(m, config.draft_model) for m in models]
         config = replace(config, model=models[0].path, model_kind=models[0].kind)
         catalog.check_groups(models, config)
         faults = parse_all(config.inject_fault)
@@ -321,6 +341,18 @@ def serve(args: argparse.Namespace) -> int:
         logging.getLogger("steward").critical("%s", exc)
         return EX_CONFIG
     return asyncio.run(run(config, models, faults))
+
+
+def with_draft(model: ModelEntry, default: str | None) -> ModelEntry:
+    """A chat model's draft model (its own table's, else `--draft-model`), checked to share
+    its tokenizer (ModelError, exit 78) and resolved to an MLX directory."""
+    from steward.model.draft import checked
+
+    spec = model.overrides.get("draft_model", default)
+    if not spec or model.kind == "embedding":
+        return model
+    assert model.source is not None
+    return replace(model, overrides=model.overrides | {"draft_model": checked(model.source, spec)})
 
 
 def with_cache_dir(config: ServeConfig) -> ServeConfig:

@@ -74,6 +74,9 @@ class ModelSeries(Observer):
         if done.cached_tokens:
             self.at(m.cache_hits).inc()
             self.at(m.cached_tokens).inc(done.cached_tokens)
+        if drafts := done.accepted_prediction_tokens + done.rejected_prediction_tokens:
+            self.at(m.drafts, "accepted").inc(done.accepted_prediction_tokens)
+            self.at(m.drafts, "rejected").inc(drafts - done.accepted_prediction_tokens)
         if done.disk is not None:  # the disk tier's (--prompt-cache-dir)
             if done.disk.tokens or done.disk.missed:
                 self.at(m.disk_lookups, "hit" if done.disk.tokens else "miss").inc()
@@ -192,6 +195,13 @@ class Metrics(ModelSeries):
             "steward_prompt_cache_tokens_total",
             "Prompt tokens taken from the prompt cache instead of prefilled",
             by,
+            registry=r,
+        )
+        self.drafts = Counter(
+            "steward_draft_tokens_total",
+            "Draft tokens verified (a prediction's, or found by lookup): the answer kept them "
+            "(accepted) or not (rejected); acceptance is accepted over both",
+            [*by, "result"],
             registry=r,
         )
         self.disk_lookups = Counter(

@@ -39,12 +39,15 @@ OVERRIDES = (
     "hostfile",
     "distributed_backend",
     "parallel",
+    "speculate",
+    "draft_model",
 )
 CHOICES = {  # a model's settings that take one of a few values
     "kind": ("auto", "chat", "embedding"),
     "standby": ("auto", "none", "warm", "hot"),
     "distributed_backend": ("any", "ring", "jaccl", "nccl", "mpi"),
     "parallel": ("auto", "tensor", "pipeline"),
+    "speculate": ("auto", "none"),
 }
 KEYS: dict[str, type | tuple[type, ...]] = {
     "path": str,
@@ -60,6 +63,8 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "hostfile": str,
     "distributed_backend": str,
     "parallel": str,
+    "speculate": str,
+    "draft_model": str,
 }
 
 

@@ -33,6 +33,8 @@ def configure(config: ServeConfig) -> ServeConfig:
         why = f"--standby {config.standby} is not built for a group (none or auto)"
     elif config.prompt_cache_dir:
         why = "--prompt-cache-dir (the disk tier) is not built for a group"
+    elif config.draft_model:
+        why = "--draft-model is not built for a group"
     elif config.model_kind == "embedding":
         why = "an embedding model is not sharded over ranks"
     if why:

@@ -235,6 +235,8 @@ class BringUp:
             memory_limit=self.config.worker_memory_limit,
             max_batch=self.config.max_batch,
             prompt_cache_bytes=self.config.prompt_cache_bytes,
+            speculate=self.config.speculate,
+            draft_model=self.config.draft_model,
             warm=warm,
             kind=self.config.model_kind,
             max_embedding_tokens=self.config.max_embedding_tokens,

@@ -61,6 +61,7 @@ class Generate(_Msg):
     armed: list[int] = []  # fault-injection specs with a period that fire on this request
     # The worker's own request (the canary, a warm-up): computed afresh, never cached on disk.
     internal: bool = False
+    prediction: str = ""  # the answer as the client expects it to be: drafts (speculation.py)
 
     @property
     def penalised(self) -> bool:
@@ -241,6 +242,9 @@ class Done(_Msg):
     batch: int = 1
     reasoning_tokens: int = 0  # of completion_tokens, those that were thinking (markers too)
     stop_sequence: str = ""  # the stop string that ended the answer, if one did
+    # Draft tokens (a prediction's, or found by lookup) the answer kept, and those refused.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
     disk: DiskUse | None = None  # None: no disk tier (or the canary, which never uses it)
     embedding: Vectors | None = None
 

@@ -15,10 +15,15 @@ module alone (hence the `mlx-lm<0.33` pin). What it relies on, of mlx-lm 0.32:
   (one batched cache per layer; a `BatchKVCache`'s `keys`, `values`, `offset`,
   `left_padding` and `_idx` for a row's trim), `logits_processors`, `samplers`,
   `fallback_sampler`, `_next_tokens`, `_next_logprobs`, `_current_tokens`,
-  `_current_logprobs`, and `_step()`, which `Lean` replaces.
+  `_current_logprobs`, `max_tokens`, `_num_tokens`, `_matchers`, `extract_cache`, `filter`,
+  `Response`, and `_step()` and `next()`, which `Lean` replaces.
 
-The per-row interface (`insert`, `remove`, `cache`, `length`, `trim`) is the one a
-speculative decoder extends: it drafts past a row's end and trims what was refused.
+The per-row interface (`insert`, `remove`, `cache`, `length`, `trim`) is what speculative
+decoding extends (speculation.py). `speculate` gives the next step each row's draft tokens:
+`Lean` verifies them all in one forward (`_verify`), each row keeping the drafts its own
+samples agree with, and `roll` rolls each row's cache back by its own amount (mlx-lm's
+`BatchKVCache.trim(n)` trims every row by the same `n`). `next` then gives a row several
+tokens, each checked for its end as mlx-lm checks one.
 
 `Lean` is the batch's decode step without what nobody asked for. mlx-lm's
 `GenerationBatch._step` normalizes every row's logits and splits them into one array per
@@ -34,17 +39,57 @@ would not give mlx-lm's greedy token). Anything else is mlx-lm's own step, uncha
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, dynamic_roll
+
+from steward.worker.sampling import Seeded, positions
 
 PREFILL_BATCH = 8  # prompts prefilled together
 
 
 class Lean(GenerationBatch):
     rows_wanted = False  # a member wants its log-probabilities (the engine says, each step)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.drafts: dict[int, list[int]] = {}  # by uid: what the next step verifies
+        self.shaper: Shaper | None = None  # masks a verify step's grammar rows (grammar.py)
+        self.verified: dict[int, tuple[int, int]] = {}  # by uid: last step's (offered, kept)
+        super().__init__(*args, **kwargs)
+
+    def next(self) -> list[GenerationBatch.Response]:
+        """mlx-lm's `next`, with a row giving several tokens when a step verified drafts:
+        each is counted and checked for its end as mlx-lm checks one, and the first that
+        ends the row ends it (the row's cache is trimmed before it is handed back)."""
+        if not self.uids:
+            return []
+        drafts, self.drafts, self.verified = self.drafts, {}, {}
+        if any(drafts.values()) and not any(self.logits_processors):
+            made, logprobs = self._verify([drafts.get(uid, []) for uid in self.uids])
+        else:
+            tokens, rows = self._step()
+            made, logprobs = [[t] for t in tokens], [[row] for row in rows]
+        keep, responses = [], []
+        for i, uid in enumerate(self.uids):
+            finish = None
+            for token, logprob in zip(made[i], logprobs[i], strict=True):
+                self._num_tokens[i] += 1
+                if self._num_tokens[i] >= self.max_tokens[i]:
+                    finish = "length"
+                if self._matchers[i].advance(token):
+                    finish = "stop"
+                held = (self.extract_cache(i), self.tokens[i]) if finish else (None, None)
+                responses.append(self.Response(uid, token, logprob, finish, *held))
+                if finish is not None:
+                    break
+            if finish is None:
+                keep.append(i)
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
 
     def _step(self) -> tuple[list[int], list[Any]]:
         first = self.samplers[0] if self.samplers else None
@@ -67,6 +112,99 @@ class Lean(GenerationBatch):
         for held, token in zip(self.tokens, tokens, strict=True):
             held.append(token)
         return tokens, self._current_logprobs
+
+    def _verify(self, drafts: list[list[int]]) -> tuple[list[list[int]], list[list[Any]]]:
+        """One forward over each row's fed token and its drafts (right-padded to the
+        longest): a row keeps its fed token and each draft its own sample at that position
+        agrees with, up to the first that it does not; its next token is its sample after
+        the last kept. Each row's cache then drops what it did not keep (`roll`). It waits
+        for its samples: the drafts kept decide the next step."""
+        width = 1 + max(len(d) for d in drafts)
+        padded = [d + [0] * (width - 1 - len(d)) for d in drafts]
+        fed = self._next_tokens
+        inputs = mx.concatenate([fed[:, None], mx.array(padded, fed.dtype)], axis=1)
+        logits = self.model(inputs, cache=self.prompt_cache)
+        if self.shaper is not None:
+            logits = self.shaper.mask(logits, fed, drafts)  # cuts what a grammar forbids
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        sampled = self._sample(logprobs, [1 + len(d) for d in drafts])
+        mx.eval(fed, sampled)
+        made, rows, nexts, drops = [], [], [], []
+        for i, (token, draft, drawn) in enumerate(
+            zip(fed.tolist(), drafts, sampled.tolist(), strict=True)
+        ):
+            took = agreed(draft, drawn)
+            made.append([token, *draft[:took]])
+            self.tokens[i].extend(made[-1])
+            rows.append([self._next_logprobs[i], *self._rows(logprobs, i, range(took))])
+            nexts.append(drawn[took])
+            drops.append(width - 1 - took)
+            self.verified[self.uids[i]] = (len(draft), took)
+            if isinstance(self.samplers[i], Seeded):
+                self.samplers[i].rewind(len(draft) - took)  # its later keys are drawn again
+        if self.shaper is not None:
+            self.shaper.settle([len(m) - 1 for m in made])
+        roll(self.prompt_cache, drops)
+        self._next_tokens = mx.array(nexts, fed.dtype)
+        self._next_logprobs = [self._rows(logprobs, i, [len(m) - 1])[0] for i, m in enumerate(made)]
+        return made, rows
+
+    def _rows(self, logprobs: mx.array, i: int, positions: Iterable[int]) -> list[Any]:
+        """Row `i`'s log-probabilities at `positions`, where a member wants them."""
+        return [logprobs[i, j] if self.rows_wanted else None for j in positions]
+
+    def _sample(self, logprobs: mx.array, lengths: list[int]) -> mx.array:
+        """Each row's sample at each position (rows, width): one call when the batch shares
+        a sampler, else each row's own (a seeded one draws its row's positions alone, each
+        with that position's key)."""
+        samplers = [s or self.fallback_sampler for s in self.samplers]
+        rows, width, vocab = logprobs.shape
+        if all(s is samplers[0] for s in samplers) and not isinstance(samplers[0], Seeded):
+            return samplers[0](logprobs.reshape(rows * width, vocab)).reshape(rows, width)
+        drawn = [
+            positions(s, logprobs[i, :n])
+            for i, (s, n) in enumerate(zip(samplers, lengths, strict=True))
+        ]
+        return mx.stack([mx.pad(d, (0, width - d.shape[0])) for d in drawn])
+
+
+class Shaper(Protocol):
+    """What masks a verify step's rows under a grammar (grammar.py's `Drafted`)."""
+
+    def mask(self, logits: mx.array, fed: mx.array, drafts: list[list[int]]) -> mx.array: ...
+
+    def settle(self, kept: list[int]) -> None: ...
+
+
+def agreed(draft: list[int], drawn: list[int]) -> int:
+    """How many of `draft` the samples `drawn` at their positions agree with, in order."""
+    took = 0
+    while took < len(draft) and drawn[took] == draft[took]:
+        took += 1
+    return took
+
+
+def roll(layers: list[Any], drops: list[int]) -> None:
+    """Each row of the batched caches drops its last `drops[row]` tokens. What every row
+    drops goes by shortening the batch's shared length (no copy: a batch of one always);
+    the rest of a row's drop by moving its keys and values right by that many inside the
+    shared length, behind as much more left padding (what wraps round lies there, masked),
+    so no row moves another."""
+    common = min(drops, default=0)
+    if common:
+        for layer in layers:
+            layer.trim(common)
+        drops = [drop - common for drop in drops]
+    if not any(drops):
+        return
+    shift = mx.array(drops)
+    for layer in layers:
+        end = layer._idx
+        for name in ("keys", "values"):
+            held = getattr(layer, name)
+            held[..., :end, :] = dynamic_roll(held[..., :end, :], shift[:, None], axis=2)
+        layer.offset = layer.offset - shift
+        layer.left_padding = layer.left_padding + shift
 
 
 def sample(draw: Any, logits: mx.array) -> mx.array:
@@ -116,6 +254,22 @@ class Batch:
     def fed(self) -> mx.array | None:
         """The tokens the next step feeds its decoding rows, still on the device."""
         return self.generator._generation_batch._next_tokens
+
+    def speculate(self, drafts: dict[int, list[int]], shaper: Shaper | None) -> None:
+        """The next step verifies each decoding row's `drafts` (by uid) after the token it
+        feeds, `shaper` masking its rows under a grammar; it is a plain step while a row
+        is in mlx-lm's per-row logits-processor loop (penalties, a bias)."""
+        batch = self.generator._generation_batch
+        batch.drafts, batch.shaper = drafts, shaper
+
+    @property
+    def verified(self) -> dict[int, tuple[int, int]]:
+        """By uid: the drafts the last step verified for the row, and how many it kept."""
+        return self.generator._generation_batch.verified
+
+    def processing(self) -> bool:
+        """Whether a decoding row is in mlx-lm's per-row logits-processor loop."""
+        return any(self.generator._generation_batch.logits_processors)
 
     def want_rows(self, wanted: bool) -> None:
         """Whether a member wants its log-probabilities this step (`Lean`)."""

@@ -13,6 +13,12 @@ second one arrives and it moves into the batch. Anything raised while a
 request joins or during a step is a fault of the whole batch: `drop_all()` forgets every
 member, whose KV state is now suspect, and the supervisor decides what each request gets.
 
+A member may draft tokens (speculation.py: from its `prediction`, or by lookup in its own
+prompt and answer, while that pays): a step where any member drafts is a verify step, which
+gives a row its fed token and every draft its own samples agree with (batch.py), each
+counted, checked and sent as a token of its own. A request alone moves into the batch once
+it drafts.
+
 Each member keeps its own sampler (sampling.py), stop strings, `max_tokens`, usage and
 timings. Finished members leave their KV cache to an LRU prompt cache (prompt_cache.py),
 bounded in bytes, so a request that shares a prefix with an earlier one (a multi-turn chat, a
@@ -44,7 +50,7 @@ from steward.worker.answer import Answer
 from steward.worker.backend import PREPARE_ERRORS, Backend, over_context, unpreparable
 from steward.worker.batch import Batch
 from steward.worker.chunks import Chunks
-from steward.worker.grammar import RESIDENT, Masked
+from steward.worker.grammar import RESIDENT, Drafted, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
 from steward.worker.outputs import Drawn, Outputs, Row
@@ -52,15 +58,18 @@ from steward.worker.prepared import Prepared, prepared
 from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
 from steward.worker.solo import Solo
+from steward.worker.speculation import Drafter, Speculation
 
 if TYPE_CHECKING:
     from steward.worker.diskcache import DiskCache
+    from steward.worker.draft_model import DraftModel
 
 CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps lookups short
 
 # What a step computes, as far as the kernels MLX builds for it go: (alone, members decoding,
-# prompts prefilling, their chunk). Its first step is `new_shape` (StepClock).
-Shape = tuple[bool, int, int, int]
+# the positions each feeds (a verify step's: 1 + its most drafts), prompts prefilling, their
+# chunk). Its first step is `new_shape` (StepClock).
+Shape = tuple[bool, int, int, int, int]
 
 
 class Out(NamedTuple):
@@ -100,6 +109,7 @@ class Member:
     resumed: int = 0  # tokens an earlier attempt generated and the client has
     batch: int = 1  # the largest batch it decoded in
     disk: int | None = None  # prompt tokens loaded from the disk tier (None: not asked)
+    drafter: Drafter | None = None  # its draft tokens (None: it does not speculate)
     ended: bool = False  # its Done is made: nothing more of it is sent
 
     @property
@@ -116,6 +126,8 @@ class Engine:
         cache_bytes: int,
         disk: DiskCache | None = None,
         chunks: Chunks | None = None,  # how prefill chunks are sized (a group's agree)
+        speculate: str = "auto",  # or "none": members draft tokens (speculation.py)
+        draft: DraftModel | None = None,  # `--draft-model`: a source of drafts
     ) -> None:
         self.backend = backend
         self.max_batch = max_batch
@@ -131,6 +143,8 @@ class Engine:
         self.eos = set(backend.tokenizer.eos_token_ids)
         self.chunks = chunks or Chunks()  # prefill chunks sized by measured speed
         self.shapes: set[Shape] = set()  # met by a step so far (a warm-up's included)
+        self.width = 1  # the positions the coming step feeds each decoding row
+        self.speculation = Speculation(backend.model, speculate, draft, self.chunks)
         self.batch = self._batch()
 
     def _batch(self) -> Batch:
@@ -171,6 +185,7 @@ class Engine:
         except ValueError as exc:
             return Rejected(req.id, "validation_error", str(exc))
         member = Member(
+            drafter=self.speculation.drafter(req, tokens, backend.tokenizer),
             req=req,
             prompt_tokens=len(prompt),
             cached_tokens=min(held, len(prompt)),  # what usage reports: of the prompt
@@ -189,7 +204,8 @@ class Engine:
         admitted = Admitted(req.id, len(rest))
         draw = sampler(req, position=len(req.resume))
         processors = [processor] if processor is not None else []
-        if self.solo is None and not self.members:
+        alone = member.drafter is None or not member.drafter.drafting
+        if self.solo is None and not self.members and alone:
             solo = Solo(
                 backend.model, tokens, cache, held, draw, processors, max_tokens, self.chunks.size
             )
@@ -238,13 +254,15 @@ class Engine:
         started = time.perf_counter()
         if self.solo is not None:
             return self._solo_draw(started)
-        self._arm_grammars()
+        self._plan()
         self.batch.want_rows(any(member.req.logprobs >= 0 for member in self.members.values()))
         self.chunks.resize(self.batch)
         prompts, outputs, prefill = self.batch.next() if self.members else ([], [], 0)
         waited = self.settle()
         prompting = sum(not response.end_of_prompt for response in prompts)
-        new = self._met((False, len(outputs), prompting, self.chunks.size if prefill else 0))
+        decoded = len({out.uid for out in outputs})  # a verify step gives a row several
+        chunk = self.chunks.size if prefill else 0
+        new = self._met((False, decoded, self.width if decoded else 0, prompting, chunk))
         self.chunks.measured(self.batch, timed=not new)
         for response in prompts:
             if response.end_of_prompt and response.uid in self.members:
@@ -252,6 +270,9 @@ class Engine:
         drawn = Drawn(ends=self.ends, size=len(self.members))
         self.ends = []
         drawn.prefilled = [self.members[r.uid].req.id for r in prompts if r.uid in self.members]
+        for uid, (offered, kept) in self.batch.verified.items():
+            if (drafted := self.members.get(uid)) is not None and drafted.drafter is not None:
+                drafted.drafter.observe(offered, kept)
         members = [self.members.get(out.uid) for out in outputs]
         logprobs = self._logprobs(members, outputs)
         now = time.perf_counter()
@@ -264,7 +285,7 @@ class Engine:
                 self._forget(out.uid)
         seconds = time.perf_counter() - started - waited
         planned = self.chunks.planned(self.batch)
-        drawn.clock = StepClock(len(outputs), prefill, seconds, new, planned)
+        drawn.clock = StepClock(decoded, prefill, seconds, new, planned)
         return drawn
 
     def settle(self) -> float:
@@ -313,10 +334,12 @@ class Engine:
         ids = [member.req.id for member in lost]
         return list(dict.fromkeys(ids + [m.req.id for m in members if not m.ended]))
 
-    def _arm_grammars(self) -> None:
-        """Arm the coming step's grammar rows (`BatchStep`) with the tokens it feeds, still
-        on the device. A row whose processor only masks (its first token drawn) leaves
-        mlx-lm's per-row processor loop, which runs for every row while any row has one."""
+    def _plan(self) -> None:
+        """The coming step: a verify step when a member drafts (its grammar rows masked by
+        `Drafted`), else a plain one whose grammar rows `BatchStep` is armed for, with the
+        tokens it feeds, still on the device. A row whose processor only masks (its first
+        token drawn) leaves mlx-lm's per-row processor loop, which runs for every row while
+        any row has one (and keeps the step plain)."""
         uids = self.batch.uids
         rows = []
         for i, uid in enumerate(uids):
@@ -326,10 +349,30 @@ class Engine:
             rows.append((i, member.processor))
             if member.processor.masks_only:
                 self.batch.unprocess(i)
-        if rows and (fed := self.batch.fed) is not None:
+        drafts = self._drafts()
+        self.width = 1 + max(map(len, drafts.values()), default=0)
+        if drafts:
+            self.batch.speculate(drafts, Drafted(rows) if rows else None)
+            self.backend.batch_step.disarm()
+        elif rows and (fed := self.batch.fed) is not None:
             self.backend.batch_step.arm(fed, rows, len(uids))
         else:
             self.backend.batch_step.disarm()
+
+    def _drafts(self) -> dict[int, list[int]]:
+        """Each decoding member's drafts, by uid, no more than its answer has room for after
+        the token it feeds; none while a row is in mlx-lm's per-row processor loop (its
+        step is mlx-lm's own)."""
+        if not self.speculation.on or self.batch.processing():
+            return {}
+        rows = []
+        for uid in self.batch.uids:
+            member = self.members.get(uid)
+            if member is None or member.ended or member.drafter is None:
+                continue
+            limit = member.req.max_tokens or self.backend.context_length - member.prompt_tokens
+            rows.append((uid, member.drafter, limit - member.count - 1))
+        return self.speculation.drafts(rows, len(self.batch.uids))
 
     def _logprobs(self, members: list[Member | None], outputs: list[Any]) -> list[Logprob | None]:
         """Each output's log-probabilities, for the members that asked (not for the EOS
@@ -352,11 +395,13 @@ class Engine:
         real = out.finish_reason != "stop"  # the EOS that ends a sequence is no token
         if real:
             member.count += 1
+            if member.drafter is not None:
+                member.drafter.extend(int(out.token))
             member.first = member.first or now
             if member.count > 1:  # not its first token
                 injector = self.backend.injector
                 injector.hit("decode", req.seq, req.attempt, member.marked, req.armed, member.count)
-        return Row(member, int(out.token) if real else -1, out.finish_reason, logprob)
+        return Row(member, int(out.token) if real else -1, out.finish_reason, logprob, member.count)
 
     def _solo_draw(self, started: float) -> Drawn:
         """The request alone: a chunk of its prompt, or its next token."""
@@ -371,13 +416,13 @@ class Engine:
             if len(solo.held()) == len(solo.prompt) - 1:  # the prompt is in
                 self._save(solo.held(), solo.cache, member.req)
             prefill = solo.prefilled - before
-            new = self._met((True, 0, 1, solo.prefill_step))
+            new = self._met((True, 0, 0, 1, solo.prefill_step))
             seconds = time.perf_counter() - started - waited
             self.chunks.observe(prefill, seconds, timed=not new)
             drawn.prefilled = [member.req.id]
             drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
             return drawn
-        new = self._met((True, 1, 0, 0))
+        new = self._met((True, 1, 1, 0, 0))
         if self.solo is not None:  # its text did not end at the step before
             token, row = token_drawn
             finish = "stop" if token in self.eos else None
@@ -388,6 +433,8 @@ class Engine:
             drawn.rows.append(self._row(member, out, time.perf_counter(), logprob))
             if finish is not None:
                 self._solo_leave()
+            elif member.drafter is not None and member.drafter.drafting:
+                self._handover()  # its text copies: it drafts in the batch from now on
         seconds = time.perf_counter() - started - waited
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn

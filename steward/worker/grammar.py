@@ -254,3 +254,43 @@ class Grammars:
         if matcher.is_error():
             raise ValueError(matcher.get_error())
         return matcher
+
+
+class Drafted:
+    """A verify step's masks for its rows under a grammar (batch.py's `Shaper`).
+
+    A row's position j is masked as its grammar allows after the token the row feeds and
+    its first j drafts, so each sample is the one a step at a time would draw. A draft the
+    grammar forbids is cut, with those after it: the row's sample there cannot be it. Once
+    the step knows what each row kept, each grammar forgets the drafts it was fed and the
+    row did not keep, and is where a plain step would have left it.
+    """
+
+    def __init__(self, rows: list[tuple[int, Any]]) -> None:
+        self.rows = rows  # (row, processor) of each member under a grammar
+        self.fed: dict[int, int] = {}  # row -> tokens its grammar was fed this step
+
+    def mask(self, logits: mx.array, fed: mx.array, drafts: list[list[int]]) -> mx.array:
+        rows, width, vocab = logits.shape
+        words = self.rows[0][1].grammar.words.shape[1]
+        bits = np.full((rows * width, words), -1, np.int32)
+        free = np.ones(rows * width, np.bool_)
+        tokens = fed.tolist()
+        for i, processor in self.rows:
+            grammar = processor.grammar
+            given = [tokens[i], *drafts[i]]
+            allowed = max(grammar.matcher.validate_tokens(given), 1)
+            del drafts[i][allowed - 1 :]
+            self.fed[i] = allowed
+            for j, token in enumerate(given[:allowed]):
+                grammar.accept(token)  # refused (only the fed token can be): EOS alone
+                fill_next_token_bitmask(grammar.matcher, bits, i * width + j)
+                grammar.check(bits[i * width + j])
+                free[i * width + j] = False
+        flat = logits.reshape(rows * width, vocab)
+        return _masked(flat, *_prepared(bits, free)).reshape(logits.shape)
+
+    def settle(self, kept: list[int]) -> None:
+        """Each row kept its fed token and `kept[row]` drafts."""
+        for i, processor in self.rows:
+            processor.grammar.matcher.rollback(self.fed[i] - 1 - kept[i])

@@ -100,7 +100,10 @@ class Lockstep:
         """The engine every rank builds alike, from rank 0's calibration."""
         from steward.worker.engine import Engine
 
-        engine = Engine(backend, given.max_batch, settings.prompt_cache_bytes, chunks=Agreed())
+        # Ranks step in lockstep on what they agree (chunks); drafts are not agreed yet.
+        engine = Engine(
+            backend, given.max_batch, settings.prompt_cache_bytes, chunks=Agreed(), speculate="none"
+        )
         engine.calibrate(given)
         return engine
 

@@ -58,6 +58,7 @@ from steward.worker.prepared import Prepared
 if TYPE_CHECKING:
     from steward.worker.backend import Backend
     from steward.worker.calibrating import Calibrating
+    from steward.worker.draft_model import DraftModel
     from steward.worker.embedding_engine import EmbeddingEngine
     from steward.worker.engine import Engine
     from steward.worker.lockstep import Lockstep
@@ -195,19 +196,24 @@ def _engine(
     gpu = warmup.on_gpu()
     kept = calibration.name_here(settings) if gpu else ""
     given = settings.calibration or (calibration.stored(kept) if gpu else None)
+    draft = _draft(settings)
+
+    def new(width: int) -> Engine:
+        cache_bytes, speculate = settings.prompt_cache_bytes, settings.speculate
+        return Engine(backend, width, cache_bytes, disk, speculate=speculate, draft=draft)
+
     measuring = None
     if given is None:
         with phases.timed("measure"):
             fit = settings.max_batch or _fit(backend, settings)
         if gpu:
-            provisional = min(fit, settings.max_batch or width.CPU)
-            engine = Engine(backend, provisional, settings.prompt_cache_bytes, disk)
+            engine = new(min(fit, settings.max_batch or width.CPU))
             keep = functools.partial(calibration.store, kept)
             measuring = Calibrating(engine, fit, settings.max_batch, keep)
         else:
             given = Calibration(min(fit, width.CPU), 0.0, chunks.sized(0.0))
     if given is not None:
-        engine = Engine(backend, given.max_batch, settings.prompt_cache_bytes, disk)
+        engine = new(given.max_batch)
         engine.calibrate(given)
         if gpu:
             with phases.timed("warmup"):
@@ -229,6 +235,18 @@ def _fit(backend: Backend, settings: WorkerSettings) -> int:
         working_set or device, mx.get_active_memory(), settings.prompt_cache_bytes
     )
     return width.fits(width.kv_bytes_per_token(backend.model), backend.context_length, free)
+
+
+def _draft(settings: WorkerSettings) -> DraftModel | None:
+    """`--draft-model`, loaded (its tokenizer is the model's: the front checked)."""
+    if settings.draft_model is None or settings.speculate == "none":
+        return None
+    from mlx_lm import load
+
+    from steward.worker.draft_model import DraftModel
+
+    model, _ = load(settings.draft_model)
+    return DraftModel(model)
 
 
 def _embedding_engine(settings: WorkerSettings, injector: Injector) -> EmbeddingEngine:

@@ -36,12 +36,14 @@ if TYPE_CHECKING:
 
 class Row(NamedTuple):
     """A member's token from a step: -1 for the end token that ends its sequence (no token
-    of its own); `finish`, the model's own end ("stop" at the end token, or "length")."""
+    of its own); `finish`, the model's own end ("stop" at the end token, or "length");
+    `count`, the member's tokens up to this one (a verify step gives a member several)."""
 
     member: Member
     token: int
     finish: str | None
     logprob: Logprob | None
+    count: int
 
 
 @dataclass(eq=False, kw_only=True)
@@ -92,7 +94,7 @@ class Outputs:
             if real or not piece.empty:
                 tokens.append(piece.token(member.req.id, row.token, row.logprob))
             if piece.finish is not None:
-                done.append(self._end(member, piece.finish))
+                done.append(self._end(member, piece.finish, row.count))
                 if row.finish is None:  # still a row of the batch: the engine takes it out
                     stopped.append(member)
         with self.lock:
@@ -111,22 +113,27 @@ class Outputs:
             raise error
         return stopped, time.perf_counter() - started
 
-    def _end(self, member: Member, finish: str) -> Done:
-        """Usage counts the whole answer once; speeds, this attempt's own tokens."""
+    def _end(self, member: Member, finish: str, count: int | None = None) -> Done:
+        """Usage counts the whole answer once, up to the token that ended it (`count`; else
+        all the member's); speeds, this attempt's own tokens."""
         member.ended = True
         now = time.perf_counter()
-        new = member.new
+        count = member.count if count is None else count
+        new = count - member.resumed
+        drafter = member.drafter
         return Done(
             member.req.id,
             finish,
             prompt_tokens=member.prompt_tokens,
-            completion_tokens=member.count,
+            completion_tokens=count,
             ttft=(member.first or now) - member.admitted,
             decode_tps=(new - 1) / (now - member.first) if new > 1 else 0.0,
             cached_tokens=member.cached_tokens,
             batch=member.batch,
             reasoning_tokens=member.answer.reasoning_tokens,
             stop_sequence=member.answer.stop_sequence,
+            accepted_prediction_tokens=drafter.accepted if drafter else 0,
+            rejected_prediction_tokens=drafter.rejected if drafter else 0,
             disk=self.disk.use(member.disk) if self.disk and not member.req.internal else None,
         )
 

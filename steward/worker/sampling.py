@@ -61,6 +61,14 @@ class Seeded:
         self.position -= tokens
 
 
+def positions(draw: Sampler, logprobs: mx.array) -> mx.array:
+    """A token for each of consecutive positions (the rows of `logprobs`, a verify step's):
+    a seeded sampler draws each with that position's own key, as one token at a time would."""
+    if isinstance(draw, Seeded):
+        return mx.concatenate([draw(logprobs[j : j + 1]) for j in range(logprobs.shape[0])])
+    return draw(logprobs)
+
+
 def sampler(req: Generate, position: int = 0) -> Sampler:
     """`position`: the answer's first token to draw (a resumed answer's is not 0)."""
     if req.temperature < GREEDY_BELOW:

@@ -29,7 +29,8 @@ def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -
     path = models_file(
         tmp_path,
         f'[a]\npath = "{tiny_model}"\naliases = ["small", "claude-*"]\npin = true\n\n'
-        f'[b]\npath = "{tiny_model}"\nidle_ttl = 30\nmax_batch = 4\nstandby = "none"\n',
+        f'[b]\npath = "{tiny_model}"\nidle_ttl = 30\nmax_batch = 4\nstandby = "none"\n'
+        'speculate = "none"\n',
     )
     a, b = load([], path, ["extra"])
     assert (a.name, a.aliases, a.pin, a.source.model_id) == (
@@ -38,7 +39,9 @@ def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -
         True,
         "a",
     )
-    assert (b.name, b.idle_ttl, b.overrides) == ("b", 30.0, {"max_batch": 4, "standby": "none"})
+    overrides = {"max_batch": 4, "standby": "none", "speculate": "none"}
+    assert (b.name, b.idle_ttl, b.overrides) == ("b", 30.0, overrides)
+    assert b.config(ServeConfig()).speculate == "none"
     (default,) = load([], models_file(tmp_path, '[smollm2]\nkind = "embedding"\n'), [])
     assert (default.path, default.kind) == (None, "embedding")  # no path: the default model
     assert default.source.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -50,6 +53,7 @@ def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -
         ('[a]\npath = "X"\n[b]\npath = "X"\ncolour = "red"\n', 5, "unknown key 'colour'"),
         ('[a]\npath = "X"\n\n[b]\npath = "X"\nmax_batch = "many"\n', 6, "max_batch"),
         ('[a]\npath = "X"\npin = 1\n', 3, "pin"),
+        ('[a]\npath = "X"\nspeculate = "always"\n', 3, "speculate: one of auto, none"),
         ('[a]\npath = "X"\n[b]\npath = "X"\naliases = ["a"]\n', 5, "'a' is given twice"),
         ('[a]\npath = "X"\naliases = ["s"]\n[b]\naliases = ["s"]\npath = "X"\n', 5, "twice"),
         ('[a]\npath = "X"\npath = "Y"\n', 3, "overwrite"),  # TOML's own error, with its line

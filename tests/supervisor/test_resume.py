@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
@@ -16,10 +17,11 @@ import pytest
 CHAT = [{"role": "user", "content": "Tell me about lighthouses."}]
 
 
-def stream(url: str, content: str = CHAT[0]["content"], max_tokens: int = 16) -> dict:
+def stream(url: str, content: str = CHAT[0]["content"], max_tokens: int = 16, **extra: Any) -> dict:
     """The streamed answer as the client saw it: text, events, finish, usage, errors, and
-    the longest wait between two of its events (`gap`)."""
+    the longest wait between two of its events (`gap`); `extra`: more of the body."""
     body = {
+        **extra,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "temperature": 0,

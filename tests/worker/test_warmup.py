@@ -30,7 +30,7 @@ def test_the_measuring_runs_time_widths_up_to_the_knee_and_the_prefill_speed(bac
     steps = sum(1 for _ in warmup.widths(engine, widths, speeds))  # one engine step each
     assert steps > len(widths) and speeds and list(speeds) == widths[: len(speeds)]
     assert speeds.keys() == set(widths) or width.passed(speeds)  # stopped once past the knee
-    assert not engine.busy and (False, max(speeds), 0, 0) in engine.shapes
+    assert not engine.busy and (False, max(speeds), 1, 0, 0) in engine.shapes
     engine.widen(4)
     for _ in warmup.prefill(engine):
         pass
@@ -45,5 +45,5 @@ def test_a_later_worker_runs_its_width_and_a_chunk(backend) -> None:
     engine.calibrate(Calibration(4, 1000.0, 512))
     warmup.shapes(engine)
     assert not engine.busy and not engine.members
-    assert (False, 4, 0, 0) in engine.shapes  # the whole width decoded
-    assert any(prompts == 1 and chunk == 512 for _, _, prompts, chunk in engine.shapes)
+    assert (False, 4, 1, 0, 0) in engine.shapes  # the whole width decoded
+    assert any(prompts == 1 and chunk == 512 for _, _, _, prompts, chunk in engine.shapes)

@@ -85,8 +85,13 @@ class ChatAnswer(OpenAIAnswer):
 
     @staticmethod
     def usage(dones: list[Done]) -> dict[str, Any]:
-        """OpenAI's, with the thinking tokens among the completion's counted apart."""
-        details = {"reasoning_tokens": sum(done.reasoning_tokens for done in dones)}
+        """OpenAI's, with the thinking tokens among the completion's counted apart, and
+        the draft tokens the answer kept and refused (a prediction's, or found by lookup)."""
+        details = {
+            "reasoning_tokens": sum(done.reasoning_tokens for done in dones),
+            "accepted_prediction_tokens": sum(d.accepted_prediction_tokens for d in dones),
+            "rejected_prediction_tokens": sum(d.rejected_prediction_tokens for d in dones),
+        }
         return OpenAIAnswer.usage(dones) | {"completion_tokens_details": details}
 
     def _finish(self, done: Done) -> dict[str, str]:

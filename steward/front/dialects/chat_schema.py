@@ -4,8 +4,10 @@ Bounds live here (message counts, parts, tools, names), beside the shared sampli
 (openai.py), whose rule for parameters holds here. Fields OpenAI documents that change
 nothing here are accepted on purpose and documented as no-ops: `prompt_cache_key`,
 `prompt_cache_retention`, `prompt_cache_options` (the prompt cache is automatic;
-prewarming is refused), `safety_identifier`, `verbosity`, `audio`, `prediction`;
-`modalities` may only ask for text; `moderation` and `web_search_options` are refused.
+prewarming is refused), `safety_identifier`, `verbosity`, `audio`. `prediction` (OpenAI's
+Predicted Outputs) gives the worker draft tokens, which speed the answer and never change
+it (speculation.py). `modalities` may only ask for text; `moderation` and
+`web_search_options` are refused.
 `reasoning_effort` turns a thinking model's thinking off (`none`, `minimal`) or on. A tool
 that carries a function is served as one whatever its `type`; one without (`custom`, a
 hosted tool) is left out and named (ignored.py). The legacy `functions` / `function_call`
@@ -49,6 +51,18 @@ Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 class TextPart(Schema):
     type: Literal["text"]
     text: str
+
+
+class Prediction(Schema):
+    """OpenAI's Predicted Outputs: the answer as the client expects it, in text parts or
+    one string."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        content = self.content
+        return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
 class ImageURL(Schema):
@@ -224,7 +238,7 @@ class ChatRequest(Sampling):
     safety_identifier: str | None = Field(None, max_length=MAX_NAME_CHARS)
     verbosity: Literal["low", "medium", "high"] | None = None
     audio: dict[str, Any] | None = None  # audio output's voice: `modalities` refuses audio
-    prediction: dict[str, Any] | None = None  # a predicted output speeds OpenAI's decoding
+    prediction: Prediction | None = None  # draft tokens: a faster answer, never another
     # Refused when given: each would change the answer, and steward cannot do it.
     moderation: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
@@ -309,6 +323,7 @@ class ChatRequest(Sampling):
             "tools": tools,
             "logprobs": logprobs,
             "thinking": self.thinking(),
+            "prediction": self.prediction.text() if self.prediction else "",
             **self.sampling(),
         }
 

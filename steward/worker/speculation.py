@@ -1,0 +1,214 @@
+"""Where a member's draft tokens come from, and whether it drafts at all.
+
+What an agent writes is mostly text it has seen: a file returned whole with one change, a
+path quoted from a tool's output. A member's `Drafter` proposes the tokens that followed
+the answer's last `ORDER` tokens where they occurred before: in the request's `prediction`
+(OpenAI's Predicted Outputs), from the place the answer has reached in it, else in its own
+prompt and answer (prompt lookup). The batch verifies every member's drafts in one forward
+(batch.py), so a draft is never wrong, only wasted: the cost of a refused draft is the
+compute of verifying it, which a host-bound GPU step barely notices and a CPU does.
+
+So a member drafts only while drafting pays. Before each token is counted, the drafter
+checks whether the token it would have guessed is the one that came (`hits`, a running
+mean): text that copies turns drafting on within a few tokens, text that does not keeps
+it off (it costs one dictionary lookup a token), and a member whose guesses start failing
+turns it off again. A prediction starts trusted. How many tokens it drafts (`k`) follows
+what its last verify kept: all of them doubles it, fewer makes it one more than kept. A
+member whose drafts keep being refused though its guesses hit (`kept`, a running mean of
+the share kept) rests from drafting, each rest twice as long as the last.
+
+With `--draft-model`, a member whose text does not copy drafts the draft model's greedy
+continuation instead (draft_model.py): always, but for its rests.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from steward.worker.chunks import BUDGET
+
+if TYPE_CHECKING:
+    from steward.wire.protocol import Generate
+    from steward.worker.chunks import Chunks
+    from steward.worker.draft_model import DraftModel, Reader
+
+ORDER = 3  # tokens a lookup matches on: fewer finds too many places that do not continue
+LOOKBACK = 32768  # a prompt's last tokens indexed for lookup (indexing runs on the step thread)
+HIT_WEIGHT = 0.25  # of the latest token in `hits`: three hits in a row turn drafting on
+DRAFTING = 0.5  # `hits` at or above which a member drafts
+FIRST_K = 4  # drafts a member starts with
+MOST_K = {True: 16, False: 8}  # the most it drafts, with a prediction or by lookup
+KEPT_WEIGHT = 0.25  # of the latest verify's share kept, in `kept`
+KEPT_FLOOR = 0.2  # `kept` below which a member rests from drafting
+FIRST_REST = 16  # tokens of a member's first rest; each next one is twice as long
+LONGEST_REST = 1024
+POSITIONS = 256  # on a GPU, a verify step's rows times its width, at most (padded work)
+# A CPU computes every position it verifies, at nearly a step's cost each: few drafts, so a
+# refused one costs little (docs/speculation.md has the measure).
+MOST_ON_CPU = 2
+FIRST_READ = 16  # prompt tokens a draft model reads a step before prefill speed is measured
+
+
+class Ngrams:
+    """A growing token list and where each of its `ORDER`-grams ends."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens: list[int] = []
+        self.ends: dict[tuple[int, ...], list[int]] = {}
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+        if len(self.tokens) >= ORDER:
+            self.ends.setdefault(tuple(self.tokens[-ORDER:]), []).append(len(self.tokens))
+
+    def after(self, key: tuple[int, ...], before: int, near: int = 0) -> int | None:
+        """Where what followed `key` starts, of its occurrences ending before `before`: the
+        first at or past `near` (a prediction's place), else the latest."""
+        ends = self.ends.get(key, [])  # in order
+        last = bisect_left(ends, before)
+        if not last:
+            return None
+        first = bisect_left(ends, near, 0, last)
+        return ends[first] if first < last else ends[last - 1]
+
+
+class Drafter:
+    """One member's drafts: from its prediction while the answer follows it, else by lookup
+    in its prompt and answer, else from the draft model. Counts what its drafts kept, for
+    usage."""
+
+    def __init__(
+        self,
+        tokens: Sequence[int],
+        prediction: Sequence[int],
+        resumed: bool,
+        model: Reader | None = None,
+    ) -> None:
+        """`tokens`: the prompt and any answer resumed after a fault (`resumed`); `model`:
+        the member's view of the draft model, if there is one."""
+        self.model = model
+        self.context = Ngrams(tokens[-LOOKBACK:])  # the prompt, then each token of the answer
+        self.prediction = Ngrams(prediction) if prediction else None
+        self.place = 0  # the prediction's token the answer is at
+        self.following = not resumed  # the answer's last tokens were the prediction's
+        self.hits = 1.0 if prediction else 0.0
+        self.k = FIRST_K
+        self.kept = 1.0
+        self.resting = 0  # tokens to go before it drafts again
+        self.rest = FIRST_REST  # how long its next rest is
+        self.accepted = 0  # drafts the answer kept
+        self.rejected = 0  # drafts verified and refused
+
+    @property
+    def copying(self) -> bool:
+        """Its guesses from the prediction and lookup hit."""
+        return self.hits >= DRAFTING
+
+    @property
+    def drafting(self) -> bool:
+        return (self.copying or self.model is not None) and not self.resting
+
+    def extend(self, token: int) -> None:
+        """The answer's next token: was it the one guessed?"""
+        guess = self._continuation(1)
+        self.hits += HIT_WEIGHT * ((guess == [token]) - self.hits)
+        self.resting = max(self.resting - 1, 0)
+        if self.prediction is not None and self.following:
+            predicted = self.prediction.tokens
+            self.following = self.place < len(predicted) and predicted[self.place] == token
+            self.place += self.following
+        self.context.append(token)
+
+    def propose(self, room: int) -> list[int]:
+        """Up to `room` tokens to follow the token the member feeds next. That token is not
+        known yet (the step that draws it may still run), so the continuation's first token
+        stands for it: the drafts are what followed it."""
+        if not self.drafting:
+            return []
+        count = 1 + min(self.k, room)
+        if self.copying or self.model is None:
+            return self._continuation(count)[1:]
+        return self.model.continuation(self.context.tokens, count)[1:]
+
+    def observe(self, offered: int, kept: int) -> None:
+        """What a verify step kept of the drafts it was offered."""
+        self.accepted += kept
+        self.rejected += offered - kept
+        most = MOST_K[self.prediction is not None]
+        self.k = min(2 * self.k, most) if kept == offered else max(1, kept + 1)
+        self.kept += KEPT_WEIGHT * (kept / offered - self.kept) if offered else 0.0
+        if self.kept < KEPT_FLOOR:
+            self.resting, self.rest = self.rest, min(2 * self.rest, LONGEST_REST)
+            self.kept = 1.0  # judged afresh after the rest
+
+    def _continuation(self, count: int) -> list[int]:
+        """The `count` tokens that followed the answer's last `ORDER` where they occurred
+        before: in the prediction first (until the answer is past its end), then in the
+        prompt and answer."""
+        tokens = self.context.tokens
+        key = tuple(tokens[-ORDER:])
+        if self.prediction is not None:
+            if not self.following:  # found again where the answer's last tokens are
+                predicted = self.prediction
+                found = predicted.after(key, len(predicted.tokens) + 1, near=self.place)
+                self.place, self.following = found or self.place, found is not None
+            if self.following and self.place < len(self.prediction.tokens):
+                return self.prediction.tokens[self.place : self.place + count]
+        start = self.context.after(key, len(tokens))
+        return [] if start is None else tokens[start : start + count]
+
+
+class Speculation:
+    """An engine's speculative decoding: whether it drafts at all (`--speculate`, and a
+    model whose cache a verify step can trim: plain KV layers), each member's `Drafter`, and
+    each step's drafts."""
+
+    def __init__(
+        self, model: Any, speculate: str, draft: DraftModel | None, chunks: Chunks
+    ) -> None:
+        layers = make_prompt_cache(model)
+        self.on = speculate != "none" and all(type(c) is KVCache for c in layers)
+        self.draft = draft
+        self.chunks = chunks  # the engine's prefill chunks: how fast a prompt is read
+        self.gpu = mx.default_device().type == mx.DeviceType.gpu  # a position costs little
+
+    def drafter(self, req: Generate, tokens: list[int], tokenizer: Any) -> Drafter | None:
+        """A member's drafter, from its prediction and `tokens` (its prompt and resumed
+        answer); none for the worker's own requests (the canary, a warm-up)."""
+        if not self.on or req.internal:
+            return None
+        text = req.prediction
+        predicted = tokenizer.encode(text, add_special_tokens=False) if text else []
+        reader = None if self.draft is None else self.draft.reader(self.readable)
+        return Drafter(tokens, predicted, resumed=bool(req.resume), model=reader)
+
+    def readable(self) -> int:
+        """Prompt tokens the draft model may read in a step: what the target prefills in a
+        prefill chunk's time budget (the draft model is the smaller), once measured."""
+        rate = self.chunks.rate
+        return max(1, int(rate * BUDGET)) if rate else FIRST_READ
+
+    def drafts(self, rows: list[tuple[int, Drafter, int]], width: int) -> dict[int, list[int]]:
+        """The drafts of a verify step over `width` rows, by uid, of the `rows` that may
+        draft: (uid, its drafter, the tokens its answer has room for after the one it
+        feeds). A row carries no more than `room` allows."""
+        most = room(width, self.gpu)
+        drafts = {}
+        for uid, drafter, left in rows:
+            if (allowed := min(most, left)) > 0 and (drafted := drafter.propose(allowed)):
+                drafts[uid] = drafted
+        return drafts
+
+
+def room(rows: int, gpu: bool) -> int:
+    """The most drafts a row of a verify step over `rows` rows may carry. On a GPU, whose
+    decode step is bound by the host, every row is padded to the longest, so a wide batch
+    verifies fewer each; on a CPU, a few."""
+    return max(1, POSITIONS // max(rows, 1) - 1) if gpu else MOST_ON_CPU

@@ -1,0 +1,268 @@
+"""Speculative decoding in the batch (SPEC §11), on the tiny model: a verify step keeps, for
+each row, the drafts its own samples agree with and rolls that row's cache back by its own
+amount; answers are token for token those without speculation, whatever the drafts (a
+prediction right, wrong or partly right, lookup, a grammar), and usage counts the drafts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llguidance
+import mlx.core as mx
+import pytest
+
+from steward.front.structured import grammar as compile_schema
+from steward.wire.protocol import Done, Generate
+from steward.worker.speculation import DRAFTING, Drafter
+
+COPYING = "def area(w, h):\n    return w * h\n\n" * 6  # the tiny model's answer copies it
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model: Path):
+    from steward.worker.backend import Backend
+    from steward.worker.injection import Injector
+
+    return Backend(tiny_model, Injector([], 1))
+
+
+@pytest.fixture(scope="module")
+def engines(backend):
+    """An engine that speculates (the default) and one that does not."""
+    from steward.worker.engine import Engine
+
+    return {spec: Engine(backend, 8, 0, speculate=spec) for spec in ("auto", "none")}
+
+
+def answers(engine, reqs: list[Generate]) -> tuple[dict[int, list], dict[int, Done]]:
+    """Each request's tokens (id, logprob) and its `Done`, all in one batch."""
+    tokens: dict[int, list] = {req.id: [] for req in reqs}
+    dones: dict[int, Done] = {}
+    for req in reqs:
+        engine.add(req)
+    while engine.busy:
+        step = engine.step()
+        for token in step.tokens:
+            if token.token >= 0:
+                tokens[token.id].append((token.token, token.logprob))
+        dones |= {done.id: done for done in step.done}
+    return tokens, dones
+
+
+def same_answers(engines, reqs: list[Generate]) -> dict[int, Done]:
+    """The requests answered with and without speculation: the same tokens, log-probs and
+    ends. The speculating engine's `Done`s."""
+    (fast, fast_done), (slow, slow_done) = (answers(engines[s], reqs) for s in ("auto", "none"))
+    for req in reqs:
+        assert [t for t, _ in fast[req.id]] == [t for t, _ in slow[req.id]], req.id
+        for (_, a), (_, b) in zip(fast[req.id], slow[req.id], strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.token == b.token and a.logprob == pytest.approx(b.logprob, abs=1e-4)
+                assert [t.token for t in a.top] == [t.token for t in b.top]
+        ends = fast_done[req.id], slow_done[req.id]
+        assert [(d.finish_reason, d.completion_tokens, d.stop_sequence) for d in ends] == [
+            (ends[1].finish_reason, ends[1].completion_tokens, ends[1].stop_sequence)
+        ] * 2
+    return fast_done
+
+
+def ask(id: int, prompt: str = COPYING, max_tokens: int = 48, **extra) -> Generate:
+    return Generate(id=id, seq=id, attempt=1, max_tokens=max_tokens, prompt=prompt, **extra)
+
+
+def test_rows_keep_different_numbers_of_drafts_each_rolled_back_by_its_own(backend) -> None:
+    """One verify step over three rows: all drafts right, two of three right, none. Each
+    row gives its fed token and the drafts kept, holds exactly those in its cache (as a
+    row that decoded them one by one does), and decodes on as that row does."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    from steward.worker.batch import Batch
+
+    prompts = ["Once upon a time", "In the beginning", "def f(x):"]
+
+    def decoding() -> tuple[Batch, list[int]]:
+        batch = Batch(backend.model, set(backend.tokenizer.eos_token_ids), 8)
+        uids = [
+            batch.insert(
+                rest=backend.tokenizer.encode(p),
+                held=[],
+                cache=None,
+                sampler=greedy_sampler,
+                processors=[],
+                max_tokens=100,
+            )
+            for p in prompts
+        ]
+        while batch.decoding < len(prompts):
+            batch.next()
+        return batch, uids
+
+    plain, uids = decoding()
+    made: dict[int, list[int]] = {uid: [] for uid in uids}
+    held = []  # each step's rows: (tokens held, cache)
+    for _ in range(8):
+        for out in plain.next()[1]:
+            made[out.uid].append(out.token)
+        held.append({uid: plain.cache(uid) for uid in uids})
+    right, partly, none = uids
+    drafts = {right: made[right][1:5], partly: [*made[partly][1:3], made[partly][3] + 1]}
+
+    spec, _ = decoding()
+    spec.speculate(drafts, None)
+    given: dict[int, list[int]] = {uid: [] for uid in uids}
+    for out in spec.next()[1]:
+        given[out.uid].append(out.token)
+    assert given == {right: made[right][:5], partly: made[partly][:3], none: made[none][:1]}
+    assert spec.verified == {right: (4, 4), partly: (3, 2), none: (0, 0)}
+    for uid, kept in given.items():
+        cache, tokens = spec.cache(uid)
+        reference, reference_tokens = held[len(kept) - 1][uid]
+        assert tokens == reference_tokens and spec.length(uid) == len(tokens)
+        for ours, theirs in zip(cache, reference, strict=True):
+            assert ours.offset == theirs.offset
+            assert mx.allclose(
+                ours.keys[..., : ours.offset, :], theirs.keys[..., : theirs.offset, :], atol=1e-4
+            )
+    for _ in range(3):  # each row decodes on as the plain one did
+        for out in spec.next()[1]:
+            given[out.uid].append(out.token)
+    assert all(given[uid] == made[uid][: len(given[uid])] for uid in uids)
+
+
+def test_greedy_seeded_logprobs_and_stops_answer_as_without_speculation(engines) -> None:
+    """A batch of a copying answer that drafts, one that asks for log-probabilities, a
+    seeded one and one cut by a stop string: each answers as without speculation."""
+    dones = same_answers(
+        engines,
+        [
+            ask(1),
+            ask(2, logprobs=2),
+            ask(3, temperature=1.0, seed=11),
+            ask(4, prompt=COPYING + "def volume(", stop=["):"]),
+            ask(5, prompt="Once upon a time", max_tokens=7),
+        ],
+    )
+    assert dones[1].accepted_prediction_tokens > 0  # lookup found what it copies
+    assert dones[2].accepted_prediction_tokens > 0  # and so with log-probabilities
+
+
+def test_a_request_alone_drafts_once_its_answer_copies(engines) -> None:
+    """Alone it decodes at the single-sequence loop's speed, until its answer copies: then
+    it moves into the batch and drafts there."""
+    (done,) = same_answers(engines, [ask(6, max_tokens=64)]).values()
+    assert done.accepted_prediction_tokens > 0
+
+
+@pytest.mark.parametrize("how", ["right", "wrong", "partly"])
+def test_a_prediction_right_wrong_or_partly_right(engines, backend, how: str) -> None:
+    """Usage counts the draft tokens the answer kept and those refused; the answer is the
+    one without a prediction."""
+    prompt = "Once upon a time"
+    tokens, _ = answers(engines["none"], [ask(7, prompt, max_tokens=40)])
+    text = backend.tokenizer.decode([t for t, _ in tokens[7]])
+    half = len(text) // 2
+    prediction = {
+        "right": text,
+        "wrong": "A completely different text, nothing like the answer at all. " * 3,
+        "partly": text[:half] + " something else entirely " + text[half:],
+    }[how]
+    done = same_answers(engines, [ask(8, prompt, max_tokens=40, prediction=prediction)])[8]
+    accepted, rejected = done.accepted_prediction_tokens, done.rejected_prediction_tokens
+    if how == "right":
+        assert accepted >= 20 and rejected <= 2  # a CPU verifies two drafts at most a step
+    elif how == "wrong":
+        assert accepted < 10 and rejected > 0
+    else:
+        assert accepted >= 15 and rejected > 0
+
+
+def test_a_seeded_answer_verified_with_drafts_repeats(engines, backend) -> None:
+    """Each position is drawn with its own key, and the keys of the positions a verify step
+    did not keep are drawn again: the seeded answer is the one without speculation."""
+    sampling = {"temperature": 1.0, "seed": 21}
+    tokens, _ = answers(engines["none"], [ask(14, "Once", max_tokens=30, **sampling)])
+    text = backend.tokenizer.decode([t for t, _ in tokens[14]])
+    cut = text[: len(text) // 2] + " and then" + text[len(text) // 2 :]  # refused in the middle
+    for id, prediction in ((15, text), (16, cut)):
+        reqs = [ask(id, "Once", max_tokens=30, prediction=prediction, **sampling)]
+        assert same_answers(engines, reqs)[id].accepted_prediction_tokens > 0
+
+
+def test_drafts_under_a_grammar_keep_it(engines, backend) -> None:
+    """A member under a grammar verifies its drafts with each position masked as the
+    grammar allows there: a draft the grammar forbids is never kept, the answer is the
+    one without speculation and matches the grammar."""
+    schema = {"type": "object", "properties": {"w": {"type": "array", "items": {"type": "string"}}}}
+    grammar = compile_schema(schema, "test")
+    sampling = {"grammar": grammar, "temperature": 1.0, "seed": 3}
+    tokens, _ = answers(engines["none"], [ask(9, "words", max_tokens=32, **sampling)])
+    text = backend.tokenizer.decode([t for t, _ in tokens[9]])
+    forbidden = text.replace('"', "'")  # single quotes: no JSON string allows them here
+    reqs = [
+        ask(10, "words", max_tokens=32, prediction=text, **sampling),
+        ask(11, "words", max_tokens=32, prediction=forbidden, **sampling),
+    ]
+    dones = same_answers(engines, reqs)
+    assert dones[10].accepted_prediction_tokens > 0
+    matcher = llguidance.LLMatcher(backend.grammars.tokenizer, grammar)
+    assert matcher.consume_tokens([t for t, _ in tokens[9]])
+
+
+def test_a_draft_model_drafts_what_does_not_copy(backend) -> None:
+    """The model as its own draft model: its greedy continuation is the answer, so its
+    drafts are kept, and the answer is the one without speculation."""
+    from steward.worker.draft_model import DraftModel
+    from steward.worker.engine import Engine
+
+    engines = {
+        "auto": Engine(backend, 8, 0, draft=DraftModel(backend.model)),
+        "none": Engine(backend, 8, 0, speculate="none"),
+    }
+    reqs = [ask(12, "Once upon a time", max_tokens=24), ask(13, "In the beginning", max_tokens=9)]
+    dones = same_answers(engines, reqs)
+    assert dones[12].accepted_prediction_tokens >= 12
+
+
+def test_lookup_drafts_only_while_the_answer_copies() -> None:
+    """Three guessed tokens in a row turn drafting on; guesses that fail turn it off."""
+    drafter = Drafter([1, 2, 3, 4, 5, 6, 7, 8], [], resumed=False)
+    assert not drafter.drafting and drafter.propose(8) == []
+    for token in (1, 2, 3):  # the prompt again: the first three are no guess yet
+        drafter.extend(token)
+    for token in (4, 5, 6):
+        drafter.extend(token)
+    assert drafter.drafting
+    assert drafter.propose(3) == [8, 1, 2]  # 7 stands for the token fed next
+    for token in (9, 10, 11, 12):
+        drafter.extend(token)
+    assert drafter.hits < DRAFTING and not drafter.drafting
+
+
+def test_a_member_whose_drafts_keep_being_refused_rests_each_time_longer() -> None:
+    drafter = Drafter([1, 2, 3, 4], [9] * 8, resumed=False)
+    for _ in range(6):
+        drafter.observe(4, 0)
+    assert not drafter.drafting and drafter.resting == 16 and drafter.rejected == 24
+    for _ in range(16):
+        drafter.extend(9)  # the prediction's guesses hit meanwhile
+    assert drafter.drafting
+    for _ in range(6):
+        drafter.observe(2, 0)
+    assert drafter.resting == 32
+
+
+def test_a_prediction_is_followed_and_found_again_after_the_answer_leaves_it() -> None:
+    prediction = list(range(100, 140))
+    drafter = Drafter([1, 2], prediction, resumed=False)
+    assert drafter.drafting and drafter.propose(4) == [101, 102, 103, 104]  # 100: the fed one
+    for token in [100, 101, 102, 7, 8]:  # leaves the prediction
+        drafter.extend(token)
+    assert drafter.propose(4) == []  # 102 7 8 is nowhere
+    for token in range(110, 120):  # back in it, further on
+        drafter.extend(token)
+    assert drafter.drafting and drafter.propose(4) == [121, 122, 123, 124]
+    drafter.observe(4, 4)
+    assert drafter.k == 8 and drafter.accepted == 4
+    drafter.observe(8, 2)
+    assert drafter.k == 3 and (drafter.accepted, drafter.rejected) == (6, 6)
