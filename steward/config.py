@@ -44,7 +44,7 @@ class ServeConfig:
     standby: str = "auto"  # auto, none, warm (runtime up, no model) or hot (model loaded)
     process_ahead: str = "auto"  # auto (on a GPU), on, off: supervisor/ahead.py
     prompt_cache_bytes: int = 1024 * 1024 * 1024
-    speculate: str = "auto"  # auto: members draft where it pays (worker/speculation.py); none
+    speculate: str = "none"  # or auto: members draft (worker/speculation.py); off until it pays
     draft_model: str | None = None  # a model with the same tokenizer, a source of drafts
     prompt_cache_dir: str | None = None  # the disk tier: none unless given
     prompt_cache_disk_bytes: int = 4 * 1024 * 1024 * 1024

@@ -31,9 +31,11 @@ TOKENS = 40
 
 @pytest.fixture(scope="module")
 def servers(tiny_model: Path) -> Iterator[dict[str, Server]]:
-    """The tiny model with speculation on (the default) and off."""
+    """The tiny model with speculation on and off (the default)."""
     both = {
-        "auto": Server(["--model", str(tiny_model), "--served-model-name", "tiny"]),
+        "auto": Server(
+            ["--model", str(tiny_model), "--served-model-name", "tiny", "--speculate", "auto"]
+        ),
         "none": Server(
             ["--model", str(tiny_model), "--served-model-name", "tiny", "--speculate", "none"]
         ),
@@ -150,7 +152,9 @@ def test_a_prediction_of_another_type_is_refused(servers) -> None:
 def test_a_draft_model_answers_as_without_and_a_foreign_one_exits_78(
     servers, tiny_model: Path, tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
-    drafted = serve("--model", str(tiny_model), "--draft-model", str(tiny_model))
+    drafted = serve(
+        "--model", str(tiny_model), "--draft-model", str(tiny_model), "--speculate", "auto"
+    )
     drafted.wait()
     assert chat(drafted, stream=True) == chat(servers["none"], stream=True)
     story: Any = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24}
@@ -171,7 +175,7 @@ def test_a_thinking_answer_verified_several_tokens_a_step_splits_as_alone(
     tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
     model = build_thinking_model(tmp_path / "think", default_model_dir)
-    server = serve("--model", str(model), "--served-model-name", "think")
+    server = serve("--model", str(model), "--served-model-name", "think", "--speculate", "auto")
     server.wait()
     whole = "<think>" + THINKING + "</think>" + ANSWER
     for stream in (False, True):
@@ -205,7 +209,7 @@ def test_a_tool_call_verified_several_tokens_a_step_is_parsed_as_alone(
     tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
     model = build_scripted_model(tmp_path / "tools", default_model_dir)
-    server = serve("--model", str(model), "--served-model-name", "tools")
+    server = serve("--model", str(model), "--served-model-name", "tools", "--speculate", "auto")
     server.wait()
     weather = function_tool("get_weather", "The weather in a city.", {"city": {"type": "string"}})
     reply = server.client().chat.completions.create(

@@ -14,6 +14,8 @@ def test_a_crash_during_a_verify_step_resumes_exactly(serve, tiny_model: Path) -
     server = serve(
         "--model",
         str(tiny_model),
+        "--speculate",
+        "auto",
         "--stall-timeout",
         "2",
         "--inject-fault",
