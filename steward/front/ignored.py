@@ -171,7 +171,12 @@ def header(paths: list[str]) -> str:
 
 
 def join(path: str, key: Key) -> str:
-    name = str(key) if isinstance(key, int) or PLAIN_KEY.fullmatch(key) else json.dumps(key[:64])
+    """A field's path as the header names it: a plain key as is, any other JSON-quoted with
+    its commas escaped too (JSON's u002c), so the header's `, ` only ever separates names."""
+    if isinstance(key, int) or PLAIN_KEY.fullmatch(key):
+        name = str(key)
+    else:
+        name = json.dumps(key[:64]).replace(",", "\\u002c")
     return f"{path}.{name}" if path else name
 
 

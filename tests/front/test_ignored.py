@@ -177,15 +177,18 @@ def test_each_field_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_the_header_is_bounded_and_plain_ascii() -> None:
     http, _ = client(hello)
-    odd = {"a,b": 1, "new\nline": 2, "naïve": 3}
+    odd = {"a,b": 1, "new\nline": 2, "naïve": 3, ", ": 4}
     many = {f"knob_{i:04d}": i for i in range(600)}
     body = {"messages": [{"role": "user", "content": HI}], "max_tokens": 2} | odd | many
     answer = http.post("/v1/chat/completions", json=body)
     assert answer.status_code == 200
     header = answer.headers["steward-ignored"]
     assert header.isascii() and len(header) <= ignored.MAX_HEADER + 16
-    assert header.startswith('"a,b", "new\\nline", "na\\u00efve", knob_0000, ')
+    assert header.startswith('"a\\u002cb", "new\\nline", "na\\u00efve", "\\u002c ", knob_0000, ')
     assert header.endswith(" more")
+    # a name's comma is escaped: the header splits on ", " into the names, each JSON or plain
+    names = header.split(", ")[:4]
+    assert [json.loads(name) for name in names] == list(odd)
 
 
 # -- tools -------------------------------------------------------------------------------
