@@ -83,3 +83,42 @@ def test_out_of_patience_what_was_measured_serves_and_is_not_kept(backend) -> No
     result = measuring.finish()
     assert result.max_batch == 8 and result.prefill_tps == 0.0 and kept == []
     assert not eng.busy and eng.max_batch == 8
+
+
+def test_the_worker_loop_measures_when_idle_answers_a_request_and_says_calibrated(
+    backend,
+) -> None:
+    """The batch loop itself (main.serve_batched): it measures while its inbox is empty, a
+    request that comes is answered as an engine alone answers it, and once measured it
+    sends `Calibrated` with what it now serves by."""
+    import threading
+    import time
+
+    from steward.wire.protocol import Calibrated, Step
+    from steward.worker.inbox import Inbox
+    from steward.worker.main import serve_batched
+
+    alone = ask(engine(backend), 1)
+    eng, kept = engine(backend), []
+    measuring = calibrating(eng, kept)
+    inbox, sent = Inbox(), []
+    loop = threading.Thread(target=serve_batched, args=(eng, inbox, sent.append, measuring))
+    loop.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not measuring.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert measuring.active  # idle: it measures
+        inbox.put(Generate(id=1, seq=1, attempt=1, max_tokens=6, prompt="Question 1: why?"))
+        while not any(isinstance(m, Calibrated) for m in sent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        inbox.put(None)
+        loop.join(30)
+    tokens = [t.token for m in sent if isinstance(m, Step) for t in m.tokens if t.id == 1]
+    assert tokens == alone
+    done = next(i for i, m in enumerate(sent) if isinstance(m, Step) and m.done)
+    assert not any(isinstance(m, Calibrated) for m in sent[:done])  # it came mid-measuring
+    (calibrated,) = [m for m in sent if isinstance(m, Calibrated)]
+    assert calibrated.calibration == measuring.result == kept[0]
+    assert eng.max_batch == calibrated.calibration.max_batch
