@@ -139,8 +139,10 @@ def hit_mid_stream(server: Server, fault: signal.Signals) -> tuple[list[dict], l
     victim = before["worker"]["ranks"][1]["pid"]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         seen = [pool.submit(stream, server.url, prompt, LONG) for prompt in PROMPTS]
-        server.until(lambda h: h["in_flight"] == len(PROMPTS), within=60)
-        time.sleep(0.5)  # tokens are on their way to every client
+        busy = server.until(lambda h: h["in_flight"] == len(PROMPTS), within=60)
+        steps = busy["worker"]["ranks"][0]["steps"]
+        # two steps more with every stream in the batch: tokens are on their way to each
+        server.until(lambda h: h["worker"]["ranks"][0]["steps"] >= steps + 2, within=60)
         os.kill(victim, fault)
         hit = time.monotonic()
         server.until(lambda h: h["faults"]["total"] > before["faults"]["total"], within=30)

@@ -280,9 +280,8 @@ def test_a_first_worker_measuring_between_requests_serves_narrow_and_holds_the_s
         script = Script(calibrating=True)
         supervisor = await start(script, standby="hot")
         first = script.links[0]
-        await answered(submit(supervisor, 1))
+        await answered(submit(supervisor, 1))  # the loop decided on a spare before starting it
         assert supervisor.scheduler.limit == PROVISIONAL and supervisor.calibration is None
-        await asyncio.sleep(0.2)  # loop turns enough for a spare to start, were it allowed
         assert supervisor.bringup.standby.state is None and len(script.links) == 1
         first.measured()
         await until(lambda: supervisor.bringup.standby.hot_ready)
