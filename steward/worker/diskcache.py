@@ -220,8 +220,9 @@ class DiskCache:
         arrays = _copies(cache, held)
         if arrays is None:
             return
-        self.token_bytes = _size(arrays, held) / held
-        if not pays(_size(arrays, held), self.read_bps, held, prefill_tps):
+        size = _size(arrays, held)
+        self.token_bytes = size / held
+        if not pays(size, self.read_bps, held, prefill_tps):
             return
         mx.eval(arrays)  # a copy on the device: the writer copies them to the host
         self.queue.put_nowait(Save(self.epoch, tokens[:held], arrays))
