@@ -22,10 +22,12 @@ llama in bf16 built here, the default model's tokenizer):
 - `poison`: a poison request joins a batch of 32 (bench/recovery.py's run): its two
   faults spend the hot spare and a replacement. Targets: innocents' TTFT <= 5 s, worst gap
   <= 1 s.
-- `disk`: a conversation of about `--context` (13,000) tokens, then its next turn crashed at
-  its 8th token and resumed on the hot spare, with and without `--prompt-cache-dir`.
-  Target: the resumed stream's worst gap and the first turns' TTFT (the median of
-  `OPENINGS` conversations) with the disk tier no worse than without.
+- `disk`: conversations of about `--context` (13,000) tokens, `RESUMES` of them with their
+  next turn crashed at its 8th token and resumed on the hot spare, with and without
+  `--prompt-cache-dir`, the run without it done again after. Target: the resumed streams'
+  worst gap and the first turns' TTFT (medians: one stream is noise) with the disk tier
+  no worse than without: at most the worse of the two runs without it (their difference
+  is the noise between two runs of one server).
 
     python -m bench.failover --random 1b [--runs start,hang,slow,crash,poison,disk]
 """
@@ -52,7 +54,8 @@ from bench.throughput import pct, start_peer
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 SHORT = {"messages": STORY, "max_tokens": 8, "temperature": 0}
 AT_TOKEN = 20  # the token at which a hang or a slow step strikes
-OPENINGS = 5  # first turns of distinct conversations timed per disk run (one is noise)
+OPENINGS = 6  # first turns of distinct conversations timed per disk run (one is noise)
+RESUMES = 3  # of those, conversations whose next turn is crashed and resumed
 
 
 def faulted(clients: int) -> int:
@@ -290,30 +293,41 @@ def conversation(tokens: int, keeper: int = 0) -> list[dict]:
     return [{"role": "user", "content": f"Keeper {keeper}'s log. {log}\nSummarise the log."}]
 
 
-async def turns(url: str, context: int) -> tuple[list[Streamed | str], Streamed | str]:
-    """A conversation's first turn, its next (crashed: request 2), then `OPENINGS - 1` other
-    conversations' first turns: every first turn's TTFT is one sample."""
-    first = {"messages": conversation(context), "max_tokens": 16, "temperature": 0}
+async def turns(url: str, context: int) -> tuple[list[Streamed | str], list[Streamed | str]]:
+    """`RESUMES` conversations, each a first turn then its next (crashed at its 8th token and
+    resumed on the spare, which is waited for again before the next conversation), then
+    first turns of `OPENINGS - RESUMES` more: every first turn's TTFT and every resumed
+    stream's worst gap is one sample."""
+    openings, resumed = [], []
     async with pooled(url, 1) as client:
-        opened = await stream_chat(client, {**first, "stream": True})
-        said = "".join(opened.text) if isinstance(opened, Streamed) else ""
-        history = [*first["messages"], {"role": "assistant", "content": said}]
-        history.append({"role": "user", "content": "And what did he do next?"})
-        body = {"messages": history, "max_tokens": 32, "temperature": 0, "stream": True}
-        body["stream_options"] = {"include_usage": True}
-        resumed = await stream_chat(client, body)
-        openings = [opened]
-        for keeper in range(1, OPENINGS):
-            other = {**first, "messages": conversation(context, keeper), "stream": True}
-            openings.append(await stream_chat(client, other))
+        for keeper in range(OPENINGS):
+            first = {"messages": conversation(context, keeper), "max_tokens": 16,
+                     "temperature": 0, "stream": True}  # fmt: skip
+            opened = await stream_chat(client, first)
+            openings.append(opened)
+            if keeper >= RESUMES:
+                continue
+            said = "".join(opened.text) if isinstance(opened, Streamed) else ""
+            history = [*first["messages"], {"role": "assistant", "content": said}]
+            history.append({"role": "user", "content": "And what did he do next?"})
+            body = {"messages": history, "max_tokens": 32, "temperature": 0, "stream": True}
+            body["stream_options"] = {"include_usage": True}
+            resumed.append(await stream_chat(client, body))
+            await asyncio.to_thread(spare_ready, url, "hot")
     return openings, resumed
 
 
 def disk_run(model: Path, args: argparse.Namespace) -> None:
-    print(f"disk: a {args.context}-token conversation, its next turn crashed at token 8")
+    print(
+        f"disk: {RESUMES} conversations of {args.context} tokens, each next turn crashed "
+        "at token 8 and resumed on the hot spare: without the disk tier, with, without"
+    )
     rows = {}
-    for name in ("without", "with disk"):
-        flags = ["--standby", "hot", "--inject-fault", "decode:crash:nth=2@8"]
+    for name in ("without", "with disk", "without again"):
+        # conversation k's next turn is request 2k + 2
+        crashes = [f"decode:crash:nth={2 * k + 2}@8" for k in range(RESUMES)]
+        flags = ["--standby", "hot", "--max-restarts", str(RESUMES + 1)]
+        flags += [arg for spec in crashes for arg in ("--inject-fault", spec)]
         if name == "with disk":
             flags += ["--prompt-cache-dir", tempfile.mkdtemp(prefix="steward-kv-")]
         proc, url, _ = steward(model, flags)
@@ -322,19 +336,22 @@ def disk_run(model: Path, args: argparse.Namespace) -> None:
             openings, resumed = asyncio.run(turns(url, args.context))
         finally:
             stop(proc)
-        if not (all(isinstance(o, Streamed) for o in openings) and whole(resumed)):
-            raise SystemExit(f"disk {name}: the conversation did not end whole: {resumed}")
-        ttft = pct([o.times[0] - o.started for o in openings if isinstance(o, Streamed)], 0.5)
-        rows[name] = (ttft, max(gaps(resumed), default=0.0))
-        cached = ((resumed.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-        line(f"disk {name}: the resumed turn's cached tokens", str(cached))
-        line(f"disk {name}: first turns' TTFT p50 / resumed worst gap",
+        if not (all(isinstance(o, Streamed) for o in openings) and all(map(whole, resumed))):
+            raise SystemExit(f"disk {name}: a conversation did not end whole: {resumed}")
+        ttft = pct([o.times[0] - o.started for o in openings], 0.5)
+        rows[name] = (ttft, pct([max(gaps(r), default=0.0) for r in resumed], 0.5))
+        cached = [((r.usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+                  for r in resumed]  # fmt: skip
+        line(f"disk {name}: the resumed turns' cached tokens", str(cached))
+        line(f"disk {name}: first turns' TTFT p50 / resumed worst gap p50",
              f"{rows[name][0]:.3f} / {rows[name][1]:.3f} s")  # fmt: skip
-    (ttft_with, gap_with), (ttft_without, gap_without) = rows["with disk"], rows["without"]
-    line("disk: worst gap with / without", f"{gap_with / gap_without:.2f}", "<= 1",
-         gap_with <= gap_without)  # fmt: skip
-    line("disk: first TTFT with / without", f"{ttft_with / ttft_without:.2f}", "<= 1",
-         ttft_with <= ttft_without)  # fmt: skip
+    # Two runs without the disk tier bound the noise between runs: the disk tier is no
+    # worse where it is within what the same server gives twice.
+    for i, what in enumerate(("first TTFT p50", "worst gap p50")):
+        with_disk, without = rows["with disk"][i], (rows["without"][i], rows["without again"][i])
+        line(f"disk: {what} with / without (again)",
+             f"{with_disk / without[0]:.2f} ({with_disk / without[1]:.2f})",
+             "<= 1, or within noise", with_disk <= max(without))  # fmt: skip
 
 
 RUNS = {"start": start_run, "crash": crash_run}

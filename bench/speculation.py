@@ -193,10 +193,11 @@ def main() -> None:
         ("story", False, "lookup", chat),
     ]
     results = run("off", start_server(model, ["--speculate", "none"]), "default", off, args)
-    results |= run("on", start_server(model, []), "default", on, args)
+    results |= run("on", start_server(model, ["--speculate", "auto"]), "default", on, args)
     if args.draft_model:
         draft = [("edit", False, "draft", drafted), ("story", False, "draft", drafted)]
-        server = start_server(model, ["--draft-model", str(args.draft_model)])
+        drafting = ["--speculate", "auto", "--draft-model", str(args.draft_model)]
+        server = start_server(model, drafting)
         results |= run("draft", server, "default", draft, args)
         if not args.no_peer:
             peer = [(w, p, "mlx_lm " + m, c) for w, p, m, c in draft]
