@@ -12,8 +12,8 @@ in this process, no server:
   rows then roll their caches by different amounts). How many a row keeps is set here,
   not by its samples: the work is the same whatever the tokens.
 
-Each table twice on CUDA: with MLX's fused attention for every step, then as the worker
-runs (attention.py: a few queries by plain products).
+MLX is set up as a worker sets it up (runtime.py's `environment`: on CUDA, no cuDNN
+attention, which builds a graph for every new shape and so for every verify step).
 
     python -m bench.verify_step --model DIR [--widths 1,8,32] [--k 2,4,8] [--steps 32]
 """
@@ -22,18 +22,22 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-from mlx_lm.sample_utils import make_sampler
+from steward.worker.runtime import environment
 
-from steward.worker import attention
-from steward.worker import batch as batch_module
-from steward.worker.batch import Batch
+environment(os.environ)  # before MLX is imported: it reads its settings once
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache  # noqa: E402
+from mlx_lm.sample_utils import make_sampler  # noqa: E402
+
+from steward.worker import batch as batch_module  # noqa: E402
+from steward.worker.batch import Batch  # noqa: E402
 
 PROMPT = 512  # tokens of each row's prompt
 
@@ -121,14 +125,7 @@ def main() -> None:
     model, _ = load(str(args.model))
     ks = [int(k) for k in args.k.split(",")]
     print(f"{mx.default_device()}; {args.model}; prompts of {PROMPT} tokens; ms per step")
-    tables(model, ks, [int(w) for w in args.widths.split(",")], args.steps)
-    if mx.cuda.is_available():
-        attention.route()
-        print("a few queries' attention by plain products (attention.py):")
-        tables(model, ks, [int(w) for w in args.widths.split(",")], args.steps)
-
-
-def tables(model: Any, ks: list[int], widths: list[int], steps: int) -> None:
+    widths, steps = [int(w) for w in args.widths.split(",")], args.steps
     for k in ks:
         decode, verify = alone(model, k, steps)
         print(f"alone  k={k}: decode {decode:7.2f}  verify {verify:7.2f}  ({verify / decode:.2f}x)")

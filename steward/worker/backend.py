@@ -20,7 +20,6 @@ from mlx_lm.utils import load_model
 
 from steward.model.kind import context_length
 from steward.wire.protocol import Generate, Rejected
-from steward.worker import attention
 from steward.worker.answer import Answer
 from steward.worker.grammar import BatchStep, Grammars
 from steward.worker.injection import Injector
@@ -130,7 +129,6 @@ class Backend(Shaping):
             self.model, tokenizer = load(str(model_dir))
         else:
             self.model, _ = load_model(model_dir)
-        attention.route()
         super().__init__(self.model, tokenizer)
         self.context_length = context_length(model_dir)
         self.max_token_chars = max_token_chars(tokenizer)

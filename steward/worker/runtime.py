@@ -34,6 +34,7 @@ from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
+CACHE_SHARE = 16  # of a GPU's memory, the most one process keeps in freed buffers (bound_cache)
 NVIDIA = Path("/proc/driver/nvidia/gpus")  # one folder per GPU, its `information` file
 WEIGHTS = ("*.safetensors", "*.gguf")
 
@@ -129,6 +130,26 @@ def imports_and_device(phases: Phases) -> None:
     with phases.timed("device"):
         square = mx.ones((64, 64), mx.bfloat16)
         mx.eval(square @ square)  # the device's context, its allocator, the BLAS handle
+    bound_cache()
+
+
+def bound_cache() -> None:
+    """At most `1 / CACHE_SHARE` of a GPU's memory kept in MLX's freed buffers. MLX keeps
+    them for reuse up to its memory limit, which is the whole device's, in every process;
+    but a device here is shared (the serving worker, a hot spare, a suspect set aside, a
+    process started ahead), and a step whose sizes never repeat (a verify step against a
+    longer cache each time) leaves a new buffer behind each step. On the H200, speculating
+    at 32 members of a 135M model, the workers of one server ran out of the device's
+    139 GiB."""
+    import mlx.core as mx
+
+    info = mx.device_info()
+    total = info.get("total_memory") or info.get("memory_size")
+    if mx.default_device().type != mx.DeviceType.gpu or not isinstance(total, int):
+        return
+    previous = mx.set_cache_limit(total // CACHE_SHARE)
+    if previous < total // CACHE_SHARE:
+        mx.set_cache_limit(previous)
 
 
 def device() -> str:
