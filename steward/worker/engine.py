@@ -204,7 +204,8 @@ class Engine:
         admitted = Admitted(req.id, len(rest))
         draw = sampler(req, position=len(req.resume))
         processors = [processor] if processor is not None else []
-        alone = member.drafter is None or not member.drafter.drafting
+        # A member that drafts under a processor does so in the batch (grammar.Drafted).
+        alone = not processors or member.drafter is None or not member.drafter.drafting
         if self.solo is None and not self.members and alone:
             solo = Solo(
                 backend.model, tokens, cache, held, draw, processors, max_tokens, self.chunks.size
@@ -410,7 +411,8 @@ class Engine:
         drawn = Drawn(ends=self.ends, size=1)
         self.ends = []
         before = solo.prefilled
-        token_drawn = solo.next()
+        drafts = self._solo_drafts(member, solo)
+        token_drawn = solo.next(drafts)
         waited = self.settle()
         if token_drawn is None:
             if len(solo.held()) == len(solo.prompt) - 1:  # the prompt is in
@@ -422,9 +424,10 @@ class Engine:
             drawn.prefilled = [member.req.id]
             drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
             return drawn
-        new = self._met((True, 1, 1, 0, 0))
-        if self.solo is not None:  # its text did not end at the step before
-            token, row = token_drawn
+        new = self._met((True, 1, len(token_drawn), 0, 0))
+        if drafts and member.drafter is not None:
+            member.drafter.observe(len(drafts), len(token_drawn) - 1)
+        for token, row in token_drawn if self.solo is not None else ():  # its text went on
             finish = "stop" if token in self.eos else None
             if finish is None and member.new + 1 >= solo.max_tokens:
                 finish = "length"
@@ -433,11 +436,23 @@ class Engine:
             drawn.rows.append(self._row(member, out, time.perf_counter(), logprob))
             if finish is not None:
                 self._solo_leave()
-            elif member.drafter is not None and member.drafter.drafting:
-                self._handover()  # its text copies: it drafts in the batch from now on
+                break
+        else:
+            if solo.processors and member.drafter is not None and member.drafter.drafting:
+                self._handover()  # its text copies: it drafts in the batch, grammar and all
         seconds = time.perf_counter() - started - waited
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn
+
+    def _solo_drafts(self, member: Member, solo: Solo) -> list[int]:
+        """The drafts the request alone verifies at its next token: none while it prefills,
+        or where a processor shapes its logits (it drafts once in the batch, where a
+        grammar masks a verify step's rows)."""
+        drafter = member.drafter
+        if solo.pending is None or solo.processors or drafter is None:
+            return []
+        left = solo.max_tokens - member.new - 1  # after the token it feeds
+        return self.speculation.drafts([(0, drafter, left)], 1).get(0, [])
 
     def _solo_leave(self) -> Member:
         """The request alone leaves; its cache is kept."""

@@ -11,19 +11,24 @@ meanwhile is not kept waiting for the whole prompt. The decode loop is `generate
 except that a logits processor gets the token just fed as its own array, queued a step
 earlier: a grammar reads it at no cost (`generate_step` hands processors a growing
 concatenation, a new operation to run and wait for at every token).
+
+A request that drafts (speculation.py) verifies here too, where no processor shapes its
+logits: the pending token and its drafts in one forward, each draft kept while the sample
+before it agrees, the cache trimmed of the rest. A batch of one would verify the same way,
+at the batch's cost per step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+from steward.worker.batch import agreed
 from steward.worker.logits import Processor
-from steward.worker.sampling import Sampler, Seeded
+from steward.worker.sampling import Sampler, Seeded, positions
 
 
 class Solo:
@@ -47,38 +52,56 @@ class Solo:
         self.max_tokens = max_tokens
         self.prefill_step = prefill_step
         self.out: list[int] = []
-        self._steps: Iterator[tuple[int, mx.array]] | None = None
+        # The token drawn after the last the cache holds, and its log-probabilities: not
+        # fed yet, maybe still on the device (None: the prompt is not in yet).
+        self.pending: tuple[mx.array, mx.array] | None = None
 
-    def next(self) -> tuple[int, mx.array] | None:
-        """One prefill chunk (None), or the next token and the log-probabilities it was
-        drawn from."""
-        if self._steps is None and len(self.prompt) - self.prefilled > 1:
+    def next(self, drafts: list[int] | None = None) -> list[tuple[int, mx.array]] | None:
+        """One prefill chunk (None), else the next token and the log-probabilities it was
+        drawn from; with `drafts` (no processors), the next token and each draft that its
+        own sample agrees with, verified in one forward."""
+        if self.pending is None and len(self.prompt) - self.prefilled > 1:
             end = min(self.prefilled + self.prefill_step, len(self.prompt) - 1)
             with mx.stream(generation_stream):
                 self.model(mx.array(self.prompt[self.prefilled : end])[None], cache=self.cache)
                 mx.eval([c.state for c in self.cache])
             self.prefilled = end
             return None
-        if self._steps is None:
-            self._steps = self._decode(mx.array(self.prompt[self.prefilled :]))
-        token, logprobs = next(self._steps)
-        self.out.append(token)
-        return token, logprobs
+        if self.pending is None:
+            self.pending = self._step(mx.array(self.prompt[self.prefilled :]))
+        made = self._verify(drafts) if drafts else [self._decode()]
+        self.out += [token for token, _ in made]
+        if len(self.out) % 256 < len(made):
+            mx.clear_cache()
+        return made
 
-    def _decode(self, rest: mx.array) -> Iterator[tuple[int, mx.array]]:
-        """Each token and its log-probabilities; the next step is queued before a token is
+    def _decode(self) -> tuple[int, mx.array]:
+        """The pending token, fed at once: the step after it is queued before the token is
         read back, so the device never waits for the CPU."""
-        y, logprobs = self._step(rest)
-        mx.async_eval(y, logprobs)
-        made = 0
-        while True:
-            next_y, next_logprobs = self._step(y)
-            mx.async_eval(next_y, next_logprobs)
-            yield y.item(), logprobs
-            made += 1
-            if made % 256 == 0:
-                mx.clear_cache()
-            y, logprobs = next_y, next_logprobs
+        token, logprobs = self.pending
+        self.pending = self._step(token)
+        mx.async_eval(*self.pending)
+        return token.item(), logprobs
+
+    def _verify(self, drafts: list[int]) -> list[tuple[int, mx.array]]:
+        """The pending token and `drafts` fed in one forward: the pending token and each
+        draft the sample before it agrees with, up to the first that it does not; the
+        sample after the last kept is pending next. The cache drops the drafts not kept
+        (a single sequence's cache trims exactly). It waits for its samples."""
+        token, logprobs = self.pending
+        fed = mx.concatenate([token, mx.array(drafts, token.dtype)])
+        with mx.stream(generation_stream):
+            logits = self.model(fed[None], cache=self.cache)[0]
+            rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            drawn = positions(self.sampler, rows)
+        mx.eval(token, drawn)
+        samples = drawn.tolist()
+        took = agreed(drafts, samples)
+        trim_prompt_cache(self.cache, len(drafts) - took)
+        if isinstance(self.sampler, Seeded):
+            self.sampler.rewind(len(drafts) - took)  # its later keys are drawn again
+        self.pending = (drawn[took : took + 1], rows[took])
+        return [(token.item(), logprobs), *((d, rows[j]) for j, d in enumerate(drafts[:took]))]
 
     def _step(self, fed: mx.array) -> tuple[mx.array, mx.array]:
         with mx.stream(generation_stream):
@@ -89,16 +112,16 @@ class Solo:
             return self.sampler(logprobs), logprobs.squeeze(0)
 
     def held(self) -> list[int]:
-        """The tokens whose KV the cache holds: the decode loop has fed each token it gave."""
-        return self.prompt[: self.prefilled] if self._steps is None else self.prompt + self.out
+        """The tokens whose KV the cache holds: every token given was fed."""
+        return self.prompt[: self.prefilled] if self.pending is None else self.prompt + self.out
 
     def handover(self) -> tuple[list[Any], list[int], list[int]]:
         """(cache, the tokens it holds, the tokens to feed next) for the batch to go on."""
-        if self._steps is None:
+        if self.pending is None:
             return self.cache, self.held(), self.prompt[self.prefilled :]
         trim_prompt_cache(self.cache, 1)  # the last token goes in again, through the batch
         if isinstance(self.sampler, Seeded):
-            self.sampler.rewind(1)  # the decode loop sampled one token ahead
+            self.sampler.rewind(1)  # the pending token is drawn again there
         for processor in self.processors:
             processor.rewind()
         return self.cache, self.prompt + self.out[:-1], self.out[-1:]

@@ -147,9 +147,17 @@ def test_greedy_seeded_logprobs_and_stops_answer_as_without_speculation(engines)
     assert dones[2].accepted_prediction_tokens > 0  # and so with log-probabilities
 
 
-def test_a_request_alone_drafts_once_its_answer_copies(engines) -> None:
-    """Alone it decodes at the single-sequence loop's speed, until its answer copies: then
-    it moves into the batch and drafts there."""
+def test_a_request_alone_verifies_its_drafts_on_the_single_sequence_loop(engines) -> None:
+    """Alone it stays on the single-sequence loop (a batch of one decodes at half its speed
+    on a GPU) and verifies its drafts there once its answer copies: a step gives it
+    several tokens, and the answer is the one without speculation."""
+    engine = engines["auto"]
+    engine.add(ask(6, max_tokens=64))
+    most = 0
+    while engine.busy:
+        assert not engine.members  # never a row of the batch
+        most = max(most, sum(token.token >= 0 for token in engine.step().tokens))
+    assert most > 1
     (done,) = same_answers(engines, [ask(6, max_tokens=64)]).values()
     assert done.accepted_prediction_tokens > 0
 
