@@ -50,6 +50,7 @@ class Link(Protocol):
     clocks: Callable[[StepClock], None]  # each step's clock goes here (the stall bounds)
     calibrated: Callable[[Calibration], None]  # what it measured between requests goes here
     calibrating: bool  # it measures between requests: a step may build kernels, unannounced
+    shaping: bool  # it said its next step is of a new shape (`Shaping`), until that step
     failure: asyncio.Future[Fault]  # resolved by the line's first fault (`rearm`: the next)
 
     @property

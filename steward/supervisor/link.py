@@ -33,6 +33,7 @@ from steward.wire.protocol import (
     LoadFailed,
     Ready,
     Rejected,
+    Shaping,
     Step,
     StepClock,
     ToWorker,
@@ -58,6 +59,7 @@ class WorkerLink:
         self.clocks: Callable[[StepClock], None] = lambda clock: None
         self.calibrated: Callable[[Calibration], None] = lambda calibration: None
         self.calibrating = False  # it said so in `Ready`, until `Calibrated`
+        self.shaping = False  # it said so (`Shaping`), until its next step
         self._sinks: dict[int, Sink] = {}  # routing, by request id: the line's alone
         self._stepped: list[asyncio.Future[None]] = []
         self.failure: asyncio.Future[Fault] = asyncio.get_running_loop().create_future()
@@ -147,6 +149,9 @@ class WorkerLink:
                 self.heartbeat = now
                 if isinstance(msg, Heartbeat):
                     continue
+                if isinstance(msg, Shaping):  # no progress: what it says is of the next step
+                    self.shaping = True
+                    continue
                 self.progress = now
                 if isinstance(msg, Step):
                     self._stepped_now(now, msg.clock)
@@ -178,6 +183,7 @@ class WorkerLink:
 
     def _stepped_now(self, now: float, clock: StepClock | None) -> None:
         self.last_step = now
+        self.shaping = False
         if clock is not None:
             self.clocks(clock)
         waiting, self._stepped = self._stepped, []

@@ -7,7 +7,9 @@ about it: failover.py); silent to `--stall-timeout`, the ceiling, it is hung. An
 must answer its heartbeat within the ceiling. A worker that measures its calibration between
 requests (worker/calibrating.py) may be inside a measuring step when a request comes, one
 whose kernels are being built: until it shows progress on the request, only the ceiling
-bounds it (on a machine's first start alone: the calibration is kept).
+bounds it (on a machine's first start alone: the calibration is kept). Likewise a worker
+that said its next step is of a shape it has not run (`Shaping`: a verify step's number of
+positions a row, speculation.py), until that step ends.
 
 A suspicion also needs a heartbeat since the last progress, and a fresh one: it is sent
 every second by a thread of its own, which MLX leaves free while a step runs on the device
@@ -89,4 +91,6 @@ def silence(link: Link, running: Collection[Job], busy_since: float, bounds: Ste
     allowed = bounds.allowed(work_in_hand(running))
     if link.calibrating and link.progress < busy_since:  # it may be in a measuring step,
         allowed = bounds.ceiling  # building kernels: what it takes is known to no clock
+    if link.shaping:  # its step is of a shape it said it has not run: kernels being built
+        allowed = bounds.ceiling
     return Silence(max(link.progress, busy_since), allowed, bounds.ceiling, busy=True)

@@ -158,6 +158,12 @@ class Heartbeat(_Msg):
     """Sent every second by a worker thread: the process is alive and its GIL is free."""
 
 
+class Shaping(_Msg):
+    """The worker's next step is of a shape it has not run (a verify step's number of
+    positions a row, at its width): MLX builds its kernels first, which no step clock
+    predicts. Sent before the step; its next `Step` ends it."""
+
+
 class TopLogprob(_Part):
     token: str
     raw: bytes  # the token's bytes (OpenAI's `bytes`)
@@ -305,7 +311,7 @@ def prompt_text(req: Generate | Embed) -> str:
 
 
 ToWorker = Generate | Embed | Cancel | Shutdown | Load
-FromWorker = Ready | Calibrated | Warm | LoadFailed | Heartbeat | Step | Rejected | Failed
+FromWorker = Ready | Calibrated | Warm | LoadFailed | Heartbeat | Shaping | Step | Rejected | Failed
 
 encode = msgspec.msgpack.Encoder().encode
 decode_to_worker = msgspec.msgpack.Decoder(ToWorker).decode

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -143,6 +144,9 @@ class Engine:
         self.eos = set(backend.tokenizer.eos_token_ids)
         self.chunks = chunks or Chunks()  # prefill chunks sized by measured speed
         self.shapes: set[Shape] = set()  # met by a step so far (a warm-up's included)
+        self.verify_shapes: set[tuple[bool, int, int]] = set()  # (alone, rows, positions) run
+        self.shaping: Callable[[], None] = lambda: None  # told before a verify step of a new
+        # shape, which builds kernels first (the worker says `Shaping` then)
         self.width = 1  # the positions the coming step feeds each decoding row
         self.speculation = Speculation(backend.model, speculate, draft, self.chunks)
         self.batch = self._batch()
@@ -256,6 +260,8 @@ class Engine:
         if self.solo is not None:
             return self._solo_draw(started)
         self._plan()
+        if self.width > 1:
+            self._verifying(False, len(self.batch.uids), self.width)
         self.batch.want_rows(any(member.req.logprobs >= 0 for member in self.members.values()))
         self.chunks.resize(self.batch)
         prompts, outputs, prefill = self.batch.next() if self.members else ([], [], 0)
@@ -300,6 +306,15 @@ class Engine:
             elif self.members.get(self.uids.get(member.req.id, -1)) is member:
                 self._leave(self.uids[member.req.id])
         return waited
+
+    def _verifying(self, alone: bool, rows: int, positions: int) -> None:
+        """Before a verify step: `shaping` is told when its shape is new to this worker.
+        Its number of positions a row changes with the drafts, and MLX builds a new shape's
+        kernels on its first step: on a GPU seconds, which the stall bound, expecting a
+        decode step of that width, would take for a hang."""
+        if (shape := (alone, rows, positions)) not in self.verify_shapes:
+            self.verify_shapes.add(shape)
+            self.shaping()
 
     def _met(self, shape: Shape) -> bool:
         """Whether `shape` is new to this worker (and from now on, met)."""
@@ -412,6 +427,8 @@ class Engine:
         self.ends = []
         before = solo.prefilled
         drafts = self._solo_drafts(member, solo)
+        if drafts:
+            self._verifying(True, 1, 1 + len(drafts))
         token_drawn = solo.next(drafts)
         waited = self.settle()
         if token_drawn is None:

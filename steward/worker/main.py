@@ -41,6 +41,7 @@ from steward.wire.protocol import (
     Load,
     LoadFailed,
     Ready,
+    Shaping,
     Shutdown,
     Step,
     Warm,
@@ -279,6 +280,8 @@ def serve_batched(
 
     generating = isinstance(engine, Engine)
     pipeline = Pipeline(engine.outputs if generating else Outputs(None), send)
+    if generating:
+        engine.shaping = lambda: pipeline.put(Shaping())
     try:
         _serve_steps(engine, generating, inbox, pipeline, measuring)
     finally:

@@ -99,6 +99,7 @@ class FakeLink:
         self.clocks = lambda clock: None
         self.calibrated = lambda calibration: None
         self.calibrating = False
+        self.shaping = False
         self.steps = 0
         self._stepped: list[asyncio.Future[None]] = []
         self.killed = False

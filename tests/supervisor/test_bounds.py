@@ -120,6 +120,54 @@ def test_a_worker_measuring_between_requests_has_the_ceiling_until_it_shows_prog
     )
     job = SimpleNamespace(started=False, prefill=0, prompt_chars=40)
     for calibrating, allowed in ((False, FLOOR_GPU), (True, CEILING)):
-        link = SimpleNamespace(calibrating=calibrating, progress=10.0, heartbeat=10.0)
+        link = SimpleNamespace(
+            calibrating=calibrating, shaping=False, progress=10.0, heartbeat=10.0
+        )
         assert silence(link, [job], 20.0, bounds).allowed == allowed  # no progress since 20
         assert silence(link, [job], 5.0, bounds).allowed == FLOOR_GPU  # progress at 10
+
+
+def test_a_worker_that_said_its_step_is_of_a_new_shape_has_the_ceiling_until_that_step():
+    """`Shaping` comes before a verify step whose number of positions a row the worker has
+    not run: MLX builds its kernels first (on the H200, seconds, taken for a hang before).
+    The line marks it, without counting it as progress, and its next step ends it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from steward.supervisor.link import WorkerLink
+    from steward.supervisor.silence import silence
+    from steward.wire.protocol import Shaping, Step
+
+    bounds = measured(StepClock(1, 0, 0.01, new_shape=True), StepClock(1, 0, 0.01))
+    job = SimpleNamespace(started=True, prefill=0, prompt_chars=0)
+
+    class Worker:  # what the line reads from: the messages a test puts
+        pid, exitcode = 1, None
+
+        def __init__(self) -> None:
+            self.said: asyncio.Queue = asyncio.Queue()
+
+        async def recv(self):
+            return await self.said.get()
+
+    async def told(link: WorkerLink, worker: Worker, msg) -> None:
+        await worker.said.put(msg)
+        while not worker.said.empty():
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the line routes what it read
+
+    async def main() -> None:
+        worker = Worker()
+        link = WorkerLink(worker, 1)
+        await told(link, worker, Step(clock=StepClock(1, 0, 0.01)))
+        stepped = link.progress
+        assert silence(link, [job], 0.0, bounds).allowed == FLOOR_GPU
+        await told(link, worker, Shaping())
+        assert link.shaping and link.progress == stepped  # no progress: a step to come
+        assert silence(link, [job], 0.0, bounds).allowed == CEILING
+        await told(link, worker, Step(clock=StepClock(1, 0, 3.0, new_shape=True)))
+        assert not link.shaping and link.progress > stepped
+        assert silence(link, [job], 0.0, bounds).allowed == FLOOR_GPU
+        link._pump.cancel()
+
+    asyncio.run(main())

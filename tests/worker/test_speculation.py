@@ -162,6 +162,24 @@ def test_a_request_alone_verifies_its_drafts_on_the_single_sequence_loop(engines
     assert done.accepted_prediction_tokens > 0
 
 
+def test_a_verify_step_of_a_shape_not_run_yet_is_announced_once(backend) -> None:
+    """Before a verify step whose shape (alone or batched, rows, positions a row) the
+    worker has not run, the engine says so (the worker sends `Shaping`: MLX builds the
+    shape's kernels first); a shape run before is not announced again."""
+    from steward.worker.engine import Engine
+
+    engine = Engine(backend, 8, 0, speculate="auto")
+    said: list[int] = []
+    engine.shaping = lambda: said.append(len(engine.verify_shapes))
+    answers(engine, [ask(30, max_tokens=48)])
+    alone = len(said)
+    assert alone and said == list(range(1, alone + 1))  # each shape once, as it came
+    answers(engine, [ask(31, max_tokens=48)])  # the same answer: its shapes are known
+    assert len(said) == alone
+    answers(engine, [ask(32, max_tokens=48), ask(33, max_tokens=48)])  # rows of a batch
+    assert len(said) > alone
+
+
 @pytest.mark.parametrize("how", ["right", "wrong", "partly"])
 def test_a_prediction_right_wrong_or_partly_right(engines, backend, how: str) -> None:
     """Usage counts the draft tokens the answer kept and those refused; the answer is the
