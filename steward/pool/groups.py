@@ -3,8 +3,9 @@ anything starts.
 
 The flags (`--ranks`, `--hostfile`, `--distributed-backend`, `--parallel`) set every
 model's; a models file's table may set its own (pool/catalog.py). Each model's settings are
-configured here once: a group that cannot be formed is a ValueError saying why (exit 78);
-one that can has no standby (a spare group is not built).
+configured here once: a group that cannot be formed is a ValueError saying why (exit 78).
+Its standby is any worker's (`--standby`): a spare is a whole spare group, and `auto`
+decides from every host's memory once the first group has loaded (ranks/room.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from steward.ranks.formation import BUILT
 
 
 def configure(config: ServeConfig) -> ServeConfig:
-    """`config` with its group's hosts read and its standby none, where it has ranks."""
+    """`config` with its group's hosts read, where it has a hostfile."""
     if config.ranks < 1:
         raise ValueError(f"--ranks {config.ranks}: must be at least 1")
     if config.hostfile:
@@ -29,8 +30,6 @@ def configure(config: ServeConfig) -> ServeConfig:
         why = "--parallel pipeline needs send and recv, which the nccl backend lacks"
     elif config.distributed_backend not in BUILT:
         why = f"--distributed-backend {config.distributed_backend} is not built (any or ring are)"
-    elif config.standby in ("warm", "hot"):
-        why = f"--standby {config.standby} is not built for a group (none or auto)"
     elif config.prompt_cache_dir:
         why = "--prompt-cache-dir (the disk tier) is not built for a group"
     elif config.draft_model:
@@ -39,7 +38,7 @@ def configure(config: ServeConfig) -> ServeConfig:
         why = "an embedding model is not sharded over ranks"
     if why:
         raise ValueError(f"--ranks {config.ranks}: {why}")
-    return replace(config, standby="none")
+    return config
 
 
 def _with_hostfile(config: ServeConfig) -> ServeConfig:

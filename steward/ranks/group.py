@@ -17,6 +17,11 @@ replaces one that crashed: a new group, on fresh ports. The log names the cause:
 killed by a signal, when one is seen within the grace, rather than its peers that exited
 on the lost link first. A front that was itself stopped reads its ranks' waiting pulses
 before it judges their silence.
+
+What rank 0 says when it is ready carries where a second copy of the model is tightest
+(room.py), from rank 0's part and the memory each rank's pulses said: the supervisor
+chooses the standby from it without learning of hosts or ranks. A spare group is another
+group, formed on ports of its own (formation.py).
 """
 
 from __future__ import annotations
@@ -33,12 +38,23 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+import msgspec
+
 from steward.ranks.child import spawn_rank
-from steward.ranks.formation import LOCAL, form
+from steward.ranks.formation import LOCAL, form, release
 from steward.ranks.remote import SSH_FAILED, SshRank
+from steward.ranks.room import tightest
 from steward.wire.channel import AsyncChannel
 from steward.wire.process import describe_exit
-from steward.wire.protocol import FromWorker, Shutdown, ToWorker, decode_from_worker, encode
+from steward.wire.protocol import (
+    FromWorker,
+    Ready,
+    Room,
+    Shutdown,
+    ToWorker,
+    decode_from_worker,
+    encode,
+)
 from steward.wire.ranks import HERE, PULSE, RankHost, RankPlace
 from steward.wire.settings import WorkerSettings
 
@@ -61,15 +77,22 @@ class Rank:
     joined: bool = False
     serving: bool = False
     steps: int = 0
+    memory: int = 0  # its device's, as its pulses said (0: not yet)
     pulse: float = field(default_factory=time.monotonic)  # its last pulse (monotonic)
     progress: float = field(default_factory=time.monotonic)  # it joined or stepped last
     ended: bool = False  # its line ended
 
-    def heard(self, joined: bool, serving: bool, steps: int, pid: int, now: float) -> None:
+    def heard(self, joined: bool, serving: bool, steps: int, pid: int, memory: int) -> None:
+        now = time.monotonic()
         if (joined, serving, steps) != (self.joined, self.serving, self.steps):
             self.progress = now
         self.joined, self.serving, self.steps, self.pulse = joined, serving, steps, now
-        self.pid = pid
+        self.pid, self.memory = pid, memory
+
+    @property
+    def machine(self) -> str:
+        """The host it runs on: here for rank 0 and every rank started without ssh."""
+        return self.host if isinstance(self.process, SshRank) else HERE
 
     def kill(self) -> None:
         """SIGKILL it, on its own host (a remote one, over ssh)."""
@@ -95,11 +118,17 @@ class Rank:
 
 class RankGroup:
     def __init__(
-        self, ranks: list[Rank], channel: AsyncChannel, folder: Path, join_timeout: float
+        self,
+        ranks: list[Rank],
+        channel: AsyncChannel,
+        folder: Path,
+        ports: list[int],
+        join_timeout: float,
     ) -> None:
         self.ranks = ranks
         self.channel = channel
         self.folder = folder  # the hostfile's
+        self.ports = ports  # given to this group until it is reaped
         self.join_timeout = join_timeout
         self.started = time.monotonic()
         self._closing = False
@@ -112,7 +141,7 @@ class RankGroup:
         """Every rank started, on fresh ports; none has joined yet."""
         folder = Path(tempfile.mkdtemp(prefix="steward-ranks-"))
         hosts = _hosts(settings)
-        places = form([host.ips for host in hosts], settings.distributed_backend, folder)
+        places, ports = form([host.ips for host in hosts], settings.distributed_backend, folder)
         ours, theirs = socket.socketpair()
         feeds = [socket.socketpair() for _ in places[1:]]
         lines = [socket.socketpair() for _ in places]
@@ -131,7 +160,8 @@ class RankGroup:
             ranks.append(Rank(place, process, host.ssh, pid=pid))
         for sock in [theirs, *(s for pair in feeds for s in pair), *(s for _, s in lines)]:
             sock.close()
-        group = cls(ranks, await AsyncChannel.open(ours), folder, settings.rank_join_timeout)
+        channel = await AsyncChannel.open(ours)
+        group = cls(ranks, channel, folder, ports, settings.rank_join_timeout)
         for rank, (line, _) in zip(ranks, lines, strict=True):
             group._lines.append(asyncio.ensure_future(group._listen(rank, line)))
         log.info(
@@ -157,8 +187,19 @@ class RankGroup:
         self.channel.send(encode(msg))
 
     async def recv(self) -> FromWorker:
-        """Rank 0's next message; EOFError once it is gone."""
-        return decode_from_worker(await self.channel.recv())
+        """Rank 0's next message, a `Ready` with the group's room; EOFError once it is gone."""
+        msg = decode_from_worker(await self.channel.recv())
+        if isinstance(msg, Ready):
+            return msgspec.structs.replace(msg, room=await self._room(msg.model_bytes))
+        return msg
+
+    async def _room(self, part: int) -> Room:
+        """Where a second copy is tightest, once every rank has said its memory (each does
+        before it joins; its pulse may still be on its way: `SILENCE` s at most)."""
+        deadline = time.monotonic() + SILENCE
+        while not all(rank.memory for rank in self.ranks) and time.monotonic() < deadline:
+            await asyncio.sleep(WATCH)
+        return tightest(part, [(rank.machine, rank.memory) for rank in self.ranks])
 
     def state(self) -> list[dict[str, object]]:
         now = time.monotonic()
@@ -189,6 +230,8 @@ class RankGroup:
             rank.kill()
         await self.wait(KILLED)
         shutil.rmtree(self.folder, ignore_errors=True)
+        release(self.ports)
+        self.ports = []
 
     async def wait(self, timeout: float) -> bool:
         """Reap every rank within `timeout` s; True if all have exited."""
@@ -202,8 +245,7 @@ class RankGroup:
         reader, writer = await asyncio.open_connection(sock=line)
         try:
             while True:
-                joined, serving, steps, pid = PULSE.unpack(await reader.readexactly(PULSE.size))
-                rank.heard(joined, serving, steps, pid, time.monotonic())
+                rank.heard(*PULSE.unpack(await reader.readexactly(PULSE.size)))
         except (asyncio.IncompleteReadError, OSError):
             rank.ended = True
         finally:

@@ -41,7 +41,7 @@ from steward.supervisor.phases import Phases
 from steward.supervisor.speeds import Speeds
 from steward.supervisor.standby import Standby
 from steward.wire.faultspec import FaultSpec
-from steward.wire.protocol import Calibration, Load, LoadFailed, Ready
+from steward.wire.protocol import Calibration, Load, LoadFailed, Ready, Room
 from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.supervisor")
@@ -321,5 +321,7 @@ class BringUp:
         self.facts = replace(self.facts, model=model)
         self.bounds.device(model.gpu)
         if self.golden is None:  # the first worker: the standby is chosen once, and what
-            self.standby.choose(msg.model_bytes, device)  # it measured serves every later one
+            # it measured serves every later one; a group says where a copy is tightest
+            room = msg.room or Room(msg.model_bytes, device, "")
+            self.standby.choose(room.copy_bytes, room.memory_bytes, room.where)
             self.calibration = msg.calibration

@@ -4,7 +4,8 @@
 promoting it costs the model load and the canary. `hot`: the spare has loaded the model and
 passed the canary; promoting it is a swap. `auto` picks `hot` where two copies of the model
 take at most `HOT_SHARE` of the device's memory (its recommended working set where it has
-one, as Metal does, else its total), so KV caches keep room; else `warm`: on CUDA a warm
+one, as Metal does, else its total; for a group of ranks, on the host where a copy is
+tightest, which its worker says: ranks/room.py), so KV caches keep room; else `warm`: on CUDA a warm
 spare recovers no faster than a restart (the load dominates), on a small Mac a hot one
 would not fit. The spare starts only once a worker serves (it never competes with a load
 that clients wait for) and again behind each promotion. Its own faults are logged, never
@@ -74,12 +75,14 @@ class Standby:
             "state": self.state,
             "pid": self.link.pid if self.link else None,
             "phases": self.phases,
+            "ranks": self.link.ranks if self.link else [],
         }
 
-    def choose(self, model_bytes: int, memory_bytes: int) -> None:
+    def choose(self, model_bytes: int, memory_bytes: int, where: str = "") -> None:
         """Settle the mode once the model's size is known (`memory_bytes`: the device's,
-        or its recommended working set)."""
-        self.mode, self.why = choose(self.asked, model_bytes, memory_bytes)
+        or its recommended working set; for a group, those of the host `where` a copy is
+        tightest)."""
+        self.mode, self.why = choose(self.asked, model_bytes, memory_bytes, where)
         fits = 2 * model_bytes <= HOT_SHARE * memory_bytes  # `auto`'s rule
         self.two_fit = self.mode == "hot" or (self.unbudgeted and fits)
         log.info("standby %s: %s", self.mode, self.why)
@@ -221,10 +224,12 @@ class Standby:
         phases.ready(msg.phases if isinstance(msg, Ready) else {})
 
 
-def choose(asked: str, model_bytes: int, memory_bytes: int) -> tuple[str, str]:
-    """The standby mode to run and why, from what was asked and the sizes."""
+def choose(asked: str, model_bytes: int, memory_bytes: int, where: str = "") -> tuple[str, str]:
+    """The standby mode to run and why, from what was asked and the sizes (`where`: the
+    host they are of, for a group)."""
     two, gib = 2 * model_bytes, 2**30
     sizes = f"two copies of the model take {two / gib:.1f} of {memory_bytes / gib:.1f} GiB"
+    sizes += f" {where}" if where else ""
     if asked == "none":
         return "none", "asked for none"
     if asked == "warm":

@@ -112,6 +112,16 @@ class Calibration(_Part):
     chunk: int
 
 
+class Room(_Part):
+    """Where a second copy of the model is tightest: for a group of ranks, the host whose
+    ranks' parts take the largest share of its memory (ranks/room.py); a spare group must
+    fit there."""
+
+    copy_bytes: int  # what one copy of the model takes there
+    memory_bytes: int  # that host's device memory (its recommended working set, if any)
+    where: str  # which host, as the standby's reason says it
+
+
 class Ready(_Msg):
     """`max_token_chars`: the most characters one token stands for, so the front can
     refuse a prompt that cannot fit the context without tokenising it. `max_batch`: how
@@ -131,6 +141,7 @@ class Ready(_Msg):
     calibrating: bool = False  # none yet: measured between requests, then `Calibrated`
     phases: dict[str, float] = {}  # seconds of each bring-up phase: imports, device, load, warmup
     device: str = ""  # where the model runs: "gpu" or "cpu" ("": not said, an older worker)
+    room: Room | None = None  # a group's tightest host (its handle fills it); None: this one
 
 
 class Calibrated(_Msg):

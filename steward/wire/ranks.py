@@ -8,7 +8,9 @@ only from its pulses). Only a serving rank's silence means
 it is stopped or wedged: MLX's `mx.distributed.init` holds the GIL while it waits for the
 peers, and so do native imports and loads (measured: a rank silent for over 3 s while it
 imported, on a loaded machine), while a serving rank's beats go on even inside a
-collective (`mx.eval` releases the GIL).
+collective (`mx.eval` releases the GIL). The pulse also carries its device's memory, once
+MLX is imported: a remote host's is known from its rank alone, and whether a spare group
+fits is decided from every host's (ranks/room.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-PULSE = struct.Struct("!??QI")  # joined, serving, steps run so far, its pid (on its host)
+# joined, serving, steps run so far, its pid (on its host), its device's memory (0: not known)
+PULSE = struct.Struct("!??QIQ")
 BEAT = 0.25  # seconds between two pulses
 
 # Down an ssh session to a remote rank (ranks/remote.py, ranks/tether.py): rank 0's feed in

@@ -10,7 +10,8 @@ loop, whose answers nobody reads. The engine is deterministic given its inputs, 
 each rank would decide from its own clock is agreed: the batch width and the prefill rate
 come from rank 0 (its calibration, sent first), and the chunk size never follows a rank's
 own measurement (`Agreed`). Unseeded sampling draws from MLX's global generator, which every
-rank seeds alike before its first step.
+rank seeds alike before its first step. A warm spare group's word to load (or to stop) is
+relayed the same way, before rank 0 acts on it, so every rank loads its shard together.
 
 A plain socket, not an `mx.distributed` broadcast: an idle group then waits in `recv`, where
 a collective would spin (the ring backend busy-waits) between requests.
@@ -72,6 +73,7 @@ class Pulse:
         self.joined = False
         self.serving = False  # its batch loop runs: from now on, silence is a hang
         self.steps = 0
+        self.memory = 0  # its device's bytes (its recommended working set where it has one)
 
 
 class Lockstep:
@@ -80,7 +82,7 @@ class Lockstep:
     def __init__(self, group: Any, pulse: Pulse, feeds: list[socket.socket]) -> None:
         self.group = group  # mx.distributed.Group
         self.pulse = pulse
-        self.feeds = feeds  # rank 0's: to every other rank
+        self.feeds = [BlockingChannel(feed) for feed in feeds]  # rank 0's: to every other rank
 
     def shard(self, backend: Backend | VisionBackend, parallel: str) -> Backend:
         """Keep this rank's part of the model, as `--parallel` asks (sharding.py).
@@ -106,6 +108,11 @@ class Lockstep:
         )
         engine.calibrate(given)
         return engine
+
+    def told(self, msg: ToWorker) -> None:
+        """What a warm spare's rank 0 is told (`Load`, or `Shutdown`), relayed to every
+        other rank as it came: they load when it loads, or end (`Fed.told`)."""
+        relay(self.feeds, [encode(msg)])
 
     def relayed(self, inbox: Taking, given: Calibration) -> Relayed:
         """Rank 0's inbox, relayed to every other rank (rank 0's calibration first)."""
@@ -138,24 +145,26 @@ def calibration(settings: WorkerSettings) -> Calibration:
 class Relayed:
     """Rank 0's inbox: what it takes, sent first to every other rank."""
 
-    def __init__(self, inbox: Taking, feeds: list[socket.socket], given: Calibration) -> None:
+    def __init__(self, inbox: Taking, feeds: list[BlockingChannel], given: Calibration) -> None:
         self.inbox = inbox
-        self.feeds = [BlockingChannel(feed) for feed in feeds]
-        self._send([encode(given)])
+        self.feeds = feeds
+        relay(feeds, [encode(given)])
 
     def take(self, wait: bool) -> list[Any]:
         taken = self.inbox.take(wait=wait)
-        self._send([encode(_raw(msg)) for msg in taken])
+        relay(self.feeds, [encode(_raw(msg)) for msg in taken])
         return taken
 
-    def _send(self, frames: list[bytes]) -> None:
-        try:
-            for feed in self.feeds:
-                feed.send(str(len(frames)).encode())
-                for payload in frames:
-                    feed.send(payload)
-        except OSError:
-            os._exit(EX_FAULTED)  # a rank is gone: the group is faulted
+
+def relay(feeds: list[BlockingChannel], frames: list[bytes]) -> None:
+    """One record (its count of frames, then each) to every other rank."""
+    try:
+        for feed in feeds:
+            feed.send(str(len(frames)).encode())
+            for payload in frames:
+                feed.send(payload)
+    except OSError:
+        os._exit(EX_FAULTED)  # a rank is gone: the group is faulted
 
 
 class Fed:
@@ -171,6 +180,11 @@ class Fed:
 
     def take(self, wait: bool) -> list[Any]:
         return [decode_to_worker(payload) for payload in self._record()]
+
+    def told(self) -> ToWorker:
+        """What rank 0 was told while the group was a warm spare (`Lockstep.told`)."""
+        (msg,) = self.take(wait=True)
+        return msg
 
     def held(self, seconds: float) -> None:
         """Wait for the feed to end (rank 0 gone), for at most `seconds`."""

@@ -119,7 +119,7 @@ def _serve(
 
     threading.Thread(target=_beat, args=(send,), daemon=True, name="heartbeat").start()
     head = runtime.Head()
-    if settings.warm and (head := _wait_warm(channel, send, settings, phases)) is None:
+    if settings.warm and (head := _wait_warm(channel, send, settings, phases, lockstep)) is None:
         return
     started = time.perf_counter()
     calibration, measuring = None, None
@@ -156,7 +156,7 @@ def _serve(
             backend.max_token_chars,
             1 if engine is None else engine.max_batch,
             time.perf_counter() - started,
-            *_memory(),
+            *memory(),
             thinking=backend.thinking,
             dimensions=backend.dimensions if settings.kind == "embedding" else 0,
             calibration=calibration,
@@ -231,7 +231,7 @@ def _fit(backend: Backend, settings: WorkerSettings) -> int:
 
     from steward.worker import width
 
-    _, device, working_set = _memory()
+    _, device, working_set = memory()
     free = width.free_bytes(
         working_set or device, mx.get_active_memory(), settings.prompt_cache_bytes
     )
@@ -412,21 +412,32 @@ def _wait_warm(
     send: Callable[[FromWorker], None],
     settings: WorkerSettings,
     phases: runtime.Phases,
+    lockstep: Lockstep | None,
 ) -> runtime.Head | None:
     """A warm spare: pay for the runtime, the device and what else the load can be spared
     (runtime.py) now, then wait to be promoted. What it prepared, or None if told to stop
-    instead."""
-    with _file_limit_kept():
-        runtime.imports_and_device(phases)
-        head = runtime.head_start(settings, phases)
+    instead. Rank 0 of a group relays what it is told to every other rank first, as it
+    relays requests: the group loads, or ends, together."""
+    head = warm_up(settings, phases)
     send(Warm(os.getpid()))
     try:
-        return head if isinstance(decode_to_worker(channel.recv()), Load) else None
+        told = decode_to_worker(channel.recv())
     except EOFError:
         return None
+    if lockstep is not None:
+        lockstep.told(told)
+    return head if isinstance(told, Load) else None
 
 
-def _memory() -> tuple[int, int, int]:
+def warm_up(settings: WorkerSettings, phases: runtime.Phases) -> runtime.Head:
+    """What a warm spare (or a rank of a warm group) does before it is told to load: the
+    runtime, the device, and what the load can be spared (runtime.py)."""
+    with _file_limit_kept():
+        runtime.imports_and_device(phases)
+        return runtime.head_start(settings, phases)
+
+
+def memory() -> tuple[int, int, int]:
     """(bytes the loaded model takes, the device's bytes, its recommended working set, 0
     where it has none: Metal's): can a second copy fit?"""
     import mlx.core as mx

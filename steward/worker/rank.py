@@ -5,7 +5,8 @@ that never joins, or stops once joined, is seen there (wire/ranks.py), whatever 
 are doing. MLX reads its place from `MLX_RANK` and `MLX_HOSTFILE`, set here before it is
 imported, with the hostfile's `envs`. Rank 0 then runs the worker (main.py) with its
 lockstep (lockstep.py); every other rank loads the same model, keeps its shard, and
-follows.
+follows. In a warm spare group every rank starts its runtime and device, then waits for the
+`Load` rank 0 relays when the group is promoted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 import time
 import traceback
 
-from steward.wire.protocol import FromWorker
+from steward.wire.protocol import FromWorker, Load
 from steward.wire.ranks import BEAT, PULSE, RankPlace
 from steward.wire.settings import WorkerSettings
 from steward.worker import lifeline, main, runtime
@@ -47,6 +48,8 @@ def run(
     os.environ["MLX_HOSTFILE"] = place.hostfile
     import mlx.core as mx
 
+    _, device, working_set = main.memory()
+    pulse.memory = working_set or device  # the standby's choice counts every host's
     group = mx.distributed.init(strict=True, backend=place.backend)
     pulse.joined = True
     mx.random.seed(settings.generation)  # unseeded sampling draws alike on every rank
@@ -62,8 +65,13 @@ def _follow(fed: Fed, settings: WorkerSettings, lockstep: Lockstep) -> None:
     """Load the model, keep this rank's shard, and run rank 0's loop on what it took. A
     model this rank cannot load, rank 0 cannot either: it is rank 0's to report (a
     configuration error exits 78), so this rank waits for the end of its feed, for at most
-    `HOLD` s, rather than fault the group first."""
+    `HOLD` s, rather than fault the group first. A warm spare group's rank loads only once
+    rank 0 relays its `Load` (and ends if it relays anything else: a `Shutdown`)."""
     head = runtime.Head()
+    if settings.warm:
+        head = main.warm_up(settings, runtime.Phases())
+        if not isinstance(fed.told(), Load):
+            return
     try:
         backend = main.load_backend(settings.source, Injector([], settings.generation), head)
         sharded = lockstep.shard(backend, settings.parallel)
@@ -83,7 +91,8 @@ def _follow(fed: Fed, settings: WorkerSettings, lockstep: Lockstep) -> None:
 def _beat(line: socket.socket, pulse: Pulse) -> None:
     while True:
         try:
-            line.sendall(PULSE.pack(pulse.joined, pulse.serving, pulse.steps, os.getpid()))
+            said = (pulse.joined, pulse.serving, pulse.steps, os.getpid(), pulse.memory)
+            line.sendall(PULSE.pack(*said))
         except OSError:
             os._exit(1)  # the supervisor is gone
         time.sleep(BEAT)
