@@ -38,7 +38,8 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path
 
 @pytest.fixture(scope="module")
 def pipeline(tiny_qwen2: Path) -> Iterator[Server]:
-    server = Server(["--model", str(tiny_qwen2), "--ranks", "2", "--parallel", "pipeline"])
+    args = ["--model", str(tiny_qwen2), "--ranks", "2", "--parallel", "pipeline"]
+    server = Server([*args, "--standby", "none"])
     server.wait()
     yield server
     server.stop()
