@@ -33,6 +33,7 @@ from tests.ranks.test_ranks import (
     sample,
     serving_again,
 )
+from tests.ranks.test_standby import promoted, spare_ready
 from tests.supervisor.test_resume import assert_whole, stream
 
 SSHD = Path("/usr/sbin/sshd")
@@ -89,27 +90,46 @@ def hostfile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def over_ssh(tiny_model: Path, hostfile: Path, ssh_bin: Path, *args: str) -> Server:
+    """A server of the tiny model on the hostfile's two "hosts", up."""
+    path = f"{ssh_bin}{os.pathsep}{os.environ['PATH']}"
+    served = ["--model", str(tiny_model), "--hostfile", str(hostfile), *args]
+    server = Server([*served, "--queue-timeout", "120"], env={"PATH": path})
+    server.wait()
+    return server
+
+
 @pytest.fixture(scope="module")
 def remote(tiny_model: Path, hostfile: Path, ssh_bin: Path) -> Iterator[Server]:
-    path = f"{ssh_bin}{os.pathsep}{os.environ['PATH']}"
-    args = ["--model", str(tiny_model), "--hostfile", str(hostfile), "--queue-timeout", "120"]
-    server = Server(args, env={"PATH": path})
-    server.wait()
+    # no spare: a faulted group is re-formed (a spare group's promotion: the last test)
+    server = over_ssh(tiny_model, hostfile, ssh_bin, "--standby", "none")
     yield server
     server.stop()
 
 
-def family(server: Server) -> set[int]:
-    """Every process of the group now, on either "host": its ranks, the tether holding the
-    remote one and its ssh session, and the front's ssh client."""
-    ranks = {r["pid"] for r in server.health().json()["worker"]["ranks"]}
+def family(server: Server, part: str = "worker") -> set[int]:
+    """Every process of the serving group (`part="standby"`: the spare group) now, on either
+    "host": its ranks, the tether holding the remote one, its ssh session, and the front's
+    ssh client that started the tether (the tether's command line ends as the client's)."""
+    ranks = {r["pid"] for r in server.health().json()[part]["ranks"]}
     tethers = {_parent(pid) for pid in ranks} - {server.proc.pid}
     sessions = {_parent(pid) for pid in tethers}
-    return ranks | tethers | sessions | _children(server.proc.pid, "ssh")
+    payloads = {_argv(pid)[-1] for pid in tethers}
+    clients = _children(server.proc.pid, "ssh")
+    return (
+        ranks
+        | tethers
+        | sessions
+        | {pid for pid in clients if _argv(pid)[-1].split()[-1] in payloads}
+    )
 
 
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _argv(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_text().rstrip("\0").split("\0")
 
 
 def _children(pid: int, name: str) -> set[int]:
@@ -188,6 +208,31 @@ def test_the_front_killed_leaves_no_rank_on_either_host(remote: Server) -> None:
     remote.proc.kill()
     remote.proc.wait(10)
     until(lambda: all(gone(pid) for pid in group), 10, "every process of the group gone")
+
+
+def test_auto_keeps_a_hot_spare_group_on_both_hosts(
+    tiny_model: Path, hostfile: Path, ssh_bin: Path
+) -> None:
+    """`auto` decides from each host's memory, as that host's own rank said it (the tiny
+    model fits both: hot), and the spare group has its rank 1 over ssh too. Rank 1 of the
+    serving group killed mid-stream: the spare group serves, every stream whole, and no
+    process of the old group is left on either host; another spare group forms behind."""
+    server = over_ssh(tiny_model, hostfile, ssh_bin)
+    try:
+        standby = spare_ready(server)["standby"]
+        assert (standby["mode"], standby["asked"]) == ("hot", "auto")
+        assert "the tightest of 2 hosts" in standby["why"], standby["why"]
+        hosts = [(r["rank"], r["host"]) for r in standby["ranks"]]
+        assert hosts == [(0, "127.0.0.1"), (1, "localhost")]
+        old, spare = family(server), family(server, "standby")
+        assert len(old) == len(spare) == 5 and old.isdisjoint(spare)
+        old_ranks, spare_ranks = promoted(server, signal.SIGKILL)
+        until(lambda: all(gone(pid) for pid in old), 10, "the old group gone on both hosts")
+        assert family(server) == spare
+        spare_ready(server, old_ranks | spare_ranks)
+        assert family(server, "standby").isdisjoint(old | spare)
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize(
