@@ -1,5 +1,6 @@
-"""Ranks per model, from a models file: one model served over two local ranks beside
-another served by one process, behind one front, the same weights answering alike."""
+"""Ranks per model, from a models file: one model served over two local ranks, with a hot
+spare group, beside another served by one process, behind one front and a memory budget,
+the same weights answering alike."""
 
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ def answer(server: Server, model: str, prompt: str) -> str:
 def test_one_model_of_a_models_file_over_ranks(serve, tiny_model: Path, tmp_path: Path) -> None:
     models = tmp_path / "models.toml"
     models.write_text(
-        f'[group]\npath = "{tiny_model}"\nranks = 2\nparallel = "tensor"\npin = true\n\n'
-        f'[solo]\npath = "{tiny_model}"\nstandby = "none"\npin = true\n'
+        f'[group]\npath = "{tiny_model}"\nranks = 2\nparallel = "tensor"\nstandby = "hot"\n'
+        f'pin = true\n\n[solo]\npath = "{tiny_model}"\nstandby = "none"\npin = true\n'
     )
-    server = serve("--models", str(models))
+    server = serve("--models", str(models), "--memory-budget", "8G")
     server.wait()
     health = server.until(
         lambda h: (
             all(m["state"] == "ready" for m in h["models"].values())
             and all(r["serving"] for r in h["models"]["group"]["worker"]["ranks"])
+            and h["models"]["group"]["standby"]["state"] == "ready"
         ),
         within=120,
     )
@@ -36,6 +38,8 @@ def test_one_model_of_a_models_file_over_ranks(serve, tiny_model: Path, tmp_path
     assert [r["rank"] for r in group["worker"]["ranks"]] == [0, 1]
     assert all(r["joined"] and r["serving"] for r in group["worker"]["ranks"])
     assert solo["worker"]["ranks"] == []
+    assert [r["rank"] for r in group["standby"]["ranks"]] == [0, 1]  # within the budget
+    assert solo["standby"]["ranks"] == []
     for prompt in PROMPTS[:2]:
         expected = answer(server, "solo", prompt)
         assert len(expected) > 0
