@@ -75,7 +75,7 @@ def test_a_bad_models_file_names_the_line(
 
 def test_each_models_group_is_its_own(tmp_path: Path, tiny_model: Path) -> None:
     """A table's ranks, hostfile, backend and parallel are that model's alone; a group that
-    cannot be formed names its model."""
+    cannot be formed names its model; a hot spare group counts twice."""
     hosts = tmp_path / "hosts.json"
     hosts.write_text(
         '[{"ssh": "127.0.0.1", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]'
@@ -85,8 +85,8 @@ def test_each_models_group_is_its_own(tmp_path: Path, tiny_model: Path) -> None:
         f'[b]\npath = "{tiny_model}"\nhostfile = "{hosts}"\n[c]\npath = "{tiny_model}"\n'
     )
     a, b, c = (entry.config(ServeConfig()) for entry in load([], models_file(tmp_path, text), []))
-    assert (a.ranks, a.parallel, a.standby, a.rank_hosts) == (2, "pipeline", "none", None)
-    assert (b.ranks, b.distributed_backend, b.standby) == (2, "any", "none")
+    assert (a.ranks, a.parallel, a.standby, a.rank_hosts) == (2, "pipeline", "auto", None)
+    assert (b.ranks, b.distributed_backend, b.standby) == (2, "any", "auto")
     assert b.rank_hosts is not None and [h.ssh for h in b.rank_hosts.hosts] == ["127.0.0.1", "b"]
     assert (c.ranks, c.standby, c.rank_hosts) == (1, "auto", None)
     slots = [Slot(entry, ServeConfig()) for entry in load([], models_file(tmp_path, text), [])]
@@ -94,9 +94,16 @@ def test_each_models_group_is_its_own(tmp_path: Path, tiny_model: Path) -> None:
         slot.measured = 1000  # rank 0's part, for a group
     one = budget.need(1000, ServeConfig().prompt_cache_bytes, 1)
     assert [slot.need() for slot in slots] == [2 * one, one, one]  # b's rank 1 is elsewhere
-    hot = f'[a]\npath = "{tiny_model}"\n[b]\npath = "{tiny_model}"\nranks = 2\nstandby = "hot"\n'
-    with pytest.raises(CatalogError, match="model b: --ranks 2: --standby hot is not built"):
-        check_groups(load([], models_file(tmp_path, hot), []), ServeConfig())
+    hot = f'[a]\npath = "{tiny_model}"\nranks = 2\nstandby = "hot"\n'
+    (spared,) = load([], models_file(tmp_path, hot), [])
+    check_groups([spared], ServeConfig())
+    slot = Slot(spared, ServeConfig())
+    slot.measured = 1000
+    assert slot.need() == 2 * budget.need(1000, ServeConfig().prompt_cache_bytes, 2)
+    jaccl = f'[a]\npath = "{tiny_model}"\n[b]\npath = "{tiny_model}"\nranks = 2\n'
+    jaccl += 'distributed_backend = "jaccl"\n'
+    with pytest.raises(CatalogError, match="model b: --ranks 2: --distributed-backend jaccl"):
+        check_groups(load([], models_file(tmp_path, jaccl), []), ServeConfig())
 
 
 def test_model_flags_name_models_or_keep_todays_bare_path(tiny_model: Path) -> None:

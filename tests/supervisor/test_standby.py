@@ -61,5 +61,6 @@ def test_without_a_spare_health_says_so(serve, tiny_model) -> None:
         "state": None,
         "pid": None,
         "phases": {},
+        "ranks": [],
     }
     assert httpx.get(server.url + "/health/live").status_code == 200
