@@ -25,11 +25,13 @@ def tightest(part: int, ranks: list[tuple[str, int]]) -> Room:
         return part * len(hosts[host]) / memory if memory else float("inf")
 
     host = max(hosts, key=share)
-    count = len(hosts[host])
+    count, memory = len(hosts[host]), min(hosts[host])
     where = f"on {host} ({_counted(count, 'rank')})"
     if len(hosts) > 1:
         where += f", the tightest of {_counted(len(hosts), 'host')}"
-    return Room(part * count, min(hosts[host]), where)
+    if not memory:
+        where += ", whose memory its ranks have not said"
+    return Room(part * count, memory, where)
 
 
 def _counted(count: int, noun: str) -> str:

@@ -5,9 +5,9 @@ promoting it costs the model load and the canary. `hot`: the spare has loaded th
 passed the canary; promoting it is a swap. `auto` picks `hot` where two copies of the model
 take at most `HOT_SHARE` of the device's memory (its recommended working set where it has
 one, as Metal does, else its total; for a group of ranks, on the host where a copy is
-tightest, which its worker says: ranks/room.py), so KV caches keep room; else `warm`: on CUDA a warm
-spare recovers no faster than a restart (the load dominates), on a small Mac a hot one
-would not fit. The spare starts only once a worker serves (it never competes with a load
+tightest, which its worker says: ranks/room.py), so KV caches keep room; else `warm`: on
+CUDA a warm spare recovers no faster than a restart (the load dominates), on a small Mac a
+hot one would not fit. A group's spare is a whole spare group, which nothing here knows. The spare starts only once a worker serves (it never competes with a load
 that clients wait for) and again behind each promotion. Its own faults are logged, never
 shown to clients; after three in a row it is given up until the next promotion. It dies
 with the front like any worker (the same lifeline).
