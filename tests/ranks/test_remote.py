@@ -216,7 +216,8 @@ def test_auto_keeps_a_hot_spare_group_on_both_hosts(
     """`auto` decides from each host's memory, as that host's own rank said it (the tiny
     model fits both: hot), and the spare group has its rank 1 over ssh too. Rank 1 of the
     serving group killed mid-stream: the spare group serves, every stream whole, and no
-    process of the old group is left on either host; another spare group forms behind."""
+    process of the old group is left on either host; another spare group forms behind.
+    Stopped, the front leaves no process of either group."""
     server = over_ssh(tiny_model, hostfile, ssh_bin)
     try:
         standby = spare_ready(server)["standby"]
@@ -230,9 +231,11 @@ def test_auto_keeps_a_hot_spare_group_on_both_hosts(
         until(lambda: all(gone(pid) for pid in old), 10, "the old group gone on both hosts")
         assert family(server) == spare
         spare_ready(server, old_ranks | spare_ranks)
-        assert family(server, "standby").isdisjoint(old | spare)
+        behind = family(server, "standby")
+        assert behind.isdisjoint(old | spare)
     finally:
         server.stop()
+    until(lambda: all(gone(pid) for pid in spare | behind), 10, "no process left on either host")
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ has its runtime up and loads its part when the group is promoted.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,17 @@ def test_a_hot_spare_group_is_shown_and_holds_its_parts(hot: Server) -> None:
     assert standby["pid"] == standby["ranks"][0]["pid"]
     assert all(r["alive"] and r["joined"] for r in standby["ranks"])
     assert pids(standby["ranks"]).isdisjoint(pids(serving))
+
+
+def test_a_spare_group_that_faults_is_killed_whole_and_another_formed(hot: Server) -> None:
+    """Its faults are its own: the serving group serves on, and no client sees them."""
+    health = spare_ready(hot)
+    spare, faults = pids(health["standby"]["ranks"]), health["faults"]["total"]
+    os.kill(health["standby"]["ranks"][1]["pid"], signal.SIGKILL)
+    until(lambda: all(gone(pid) for pid in spare), 10, "every rank of the spare group gone")
+    after = spare_ready(hot, spare)
+    assert after["worker"]["generation"] == health["worker"]["generation"]
+    assert after["faults"]["total"] == faults
 
 
 def test_a_killed_rank_has_the_hot_spare_group_promoted(hot: Server) -> None:
