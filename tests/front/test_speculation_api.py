@@ -33,8 +33,8 @@ TOKENS = 40
 def servers(tiny_model: Path) -> Iterator[dict[str, Server]]:
     """The tiny model with speculation on and off (the default)."""
     both = {
-        "auto": Server(
-            ["--model", str(tiny_model), "--served-model-name", "tiny", "--speculate", "auto"]
+        "always": Server(
+            ["--model", str(tiny_model), "--served-model-name", "tiny", "--speculate", "always"]
         ),
         "none": Server(
             ["--model", str(tiny_model), "--served-model-name", "tiny", "--speculate", "none"]
@@ -104,7 +104,7 @@ def test_greedy_answers_are_the_same_with_speculation_on_and_off(servers, dialec
 
 
 def test_a_prediction_is_counted_in_usage_and_metrics(servers) -> None:
-    client = servers["auto"].client()
+    client = servers["always"].client()
     reference = chat(servers["none"], stream=False)
     messages: Any = [{"role": "user", "content": ASK}]
     predicted = client.chat.completions.create(
@@ -119,7 +119,7 @@ def test_a_prediction_is_counted_in_usage_and_metrics(servers) -> None:
     # The random model's text does not always encode back to its tokens: some refused.
     assert details.accepted_prediction_tokens >= TOKENS // 2
     assert details.rejected_prediction_tokens < details.accepted_prediction_tokens
-    metrics = servers["auto"].http.get("/metrics").text
+    metrics = servers["always"].http.get("/metrics").text
     accepted = next(
         line for line in metrics.splitlines() if line.startswith("steward_draft_tokens_total")
     )
@@ -139,7 +139,7 @@ def test_a_prediction_is_counted_in_usage_and_metrics(servers) -> None:
 
 
 def test_a_prediction_of_another_type_is_refused(servers) -> None:
-    response = servers["auto"].http.post(
+    response = servers["always"].http.post(
         "/v1/chat/completions",
         json={
             "messages": [{"role": "user", "content": "hi"}],
@@ -153,7 +153,7 @@ def test_a_draft_model_answers_as_without_and_a_foreign_one_exits_78(
     servers, tiny_model: Path, tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
     drafted = serve(
-        "--model", str(tiny_model), "--draft-model", str(tiny_model), "--speculate", "auto"
+        "--model", str(tiny_model), "--draft-model", str(tiny_model), "--speculate", "always"
     )
     drafted.wait()
     assert chat(drafted, stream=True) == chat(servers["none"], stream=True)
@@ -175,7 +175,7 @@ def test_a_thinking_answer_verified_several_tokens_a_step_splits_as_alone(
     tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
     model = build_thinking_model(tmp_path / "think", default_model_dir)
-    server = serve("--model", str(model), "--served-model-name", "think", "--speculate", "auto")
+    server = serve("--model", str(model), "--served-model-name", "think", "--speculate", "always")
     server.wait()
     whole = "<think>" + THINKING + "</think>" + ANSWER
     for stream in (False, True):
@@ -209,7 +209,7 @@ def test_a_tool_call_verified_several_tokens_a_step_is_parsed_as_alone(
     tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
     model = build_scripted_model(tmp_path / "tools", default_model_dir)
-    server = serve("--model", str(model), "--served-model-name", "tools", "--speculate", "auto")
+    server = serve("--model", str(model), "--served-model-name", "tools", "--speculate", "always")
     server.wait()
     weather = function_tool("get_weather", "The weather in a city.", {"city": {"type": "string"}})
     reply = server.client().chat.completions.create(

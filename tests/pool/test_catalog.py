@@ -53,7 +53,7 @@ def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -
         ('[a]\npath = "X"\n[b]\npath = "X"\ncolour = "red"\n', 5, "unknown key 'colour'"),
         ('[a]\npath = "X"\n\n[b]\npath = "X"\nmax_batch = "many"\n', 6, "max_batch"),
         ('[a]\npath = "X"\npin = 1\n', 3, "pin"),
-        ('[a]\npath = "X"\nspeculate = "always"\n', 3, "speculate: one of auto, none"),
+        ('[a]\npath = "X"\nspeculate = "sometimes"\n', 3, "speculate: one of auto, always, none"),
         ('[a]\npath = "X"\n[b]\npath = "X"\naliases = ["a"]\n', 5, "'a' is given twice"),
         ('[a]\npath = "X"\naliases = ["s"]\n[b]\naliases = ["s"]\npath = "X"\n', 5, "twice"),
         ('[a]\npath = "X"\npath = "Y"\n', 3, "overwrite"),  # TOML's own error, with its line
