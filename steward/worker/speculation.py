@@ -212,13 +212,25 @@ class Speculation:
     def drafts(self, rows: list[tuple[int, Drafter, int]], width: int) -> dict[int, list[int]]:
         """The drafts of a verify step over `width` rows, by uid, of the `rows` that may
         draft: (uid, its drafter, the tokens its answer has room for after the one it
-        feeds). A row carries no more than `room` allows."""
+        feeds). A row carries no more than `room` allows; on a GPU, the step's positions a
+        row are a power of two (`shaped`)."""
         most = room(width, self.gpu)
         drafts = {}
         for uid, drafter, left in rows:
             if (allowed := min(most, left)) > 0 and (drafted := drafter.propose(allowed)):
                 drafts[uid] = drafted
+        return shaped(drafts) if self.gpu else drafts
+
+
+def shaped(drafts: dict[int, list[int]]) -> dict[int, list[int]]:
+    """`drafts` cut so that the verify step's positions a row (1 + its most drafts) are a
+    power of two: a GPU builds kernels for each new shape on its first step (seconds on the
+    H200, where a verify step of each of 2 to 17 positions at each width was a new shape),
+    and 2, 4, 8, 16 are few. Drafts cut cost a step's tokens, not its answer."""
+    if not drafts:
         return drafts
+    keep = (1 << (1 + max(map(len, drafts.values()))).bit_length() - 1) - 1
+    return {uid: drafted[:keep] for uid, drafted in drafts.items()}
 
 
 def room(rows: int, gpu: bool) -> int:

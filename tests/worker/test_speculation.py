@@ -13,7 +13,7 @@ import pytest
 
 from steward.front.structured import grammar as compile_schema
 from steward.wire.protocol import Done, Generate
-from steward.worker.speculation import DRAFTING, Drafter
+from steward.worker.speculation import DRAFTING, Drafter, shaped
 
 COPYING = "def area(w, h):\n    return w * h\n\n" * 6  # the tiny model's answer copies it
 
@@ -292,3 +292,14 @@ def test_a_prediction_is_followed_and_found_again_after_the_answer_leaves_it() -
     assert drafter.k == 8 and drafter.accepted == 4
     drafter.observe(8, 2)
     assert drafter.k == 3 and (drafter.accepted, drafter.rejected) == (6, 6)
+
+
+def test_on_a_gpu_a_verify_step_feeds_a_power_of_two_positions_a_row() -> None:
+    """Few shapes, each built once: the longest row's drafts are cut to one less than a
+    power of two, and every row to that."""
+    assert shaped({}) == {}
+    assert shaped({1: [5], 2: [6, 7]}) == {1: [5], 2: [6]}
+    assert shaped({1: [5, 6, 7], 2: [1]}) == {1: [5, 6, 7], 2: [1]}
+    drafts = {1: list(range(6)), 2: list(range(12)), 3: list(range(16))}
+    assert {uid: len(d) for uid, d in shaped(drafts).items()} == {1: 6, 2: 12, 3: 15}
+    assert {len(shaped({1: [0] * m})[1]) + 1 for m in range(1, 17)} == {2, 4, 8, 16}
