@@ -10,10 +10,12 @@ per token a row are at most a decode step's seconds (a decode step gives one tok
 Both are running means per kind of step: a request alone on the single-sequence loop, or
 the batch with its rows rounded up to a power of two (a step's cost grows with its rows).
 Only steady steps count: none that prefills, none of a shape met for the first time (MLX
-builds its kernels then), and a decode step only after a decode step (the first one after a
-verify step waits for what the verify step's sync left undone). A kind's first steps decode
-until its decode step is known; while verify steps pay, every `FRESH`-th step of the kind
-decodes twice more to keep that mean current. Every `TRIAL` verify steps the two are
+builds its kernels then), and none right after a step of the other sort. A decode step
+queues the next one before it reads its token, and a verify step waits for its samples: so
+the first verify step after decoding also waits for the last decode step's work, and the
+first decode step after verifying waits for nothing. A kind's first steps decode until its
+decode step is known; while verify steps pay, every `FRESH`-th step of the kind decodes
+twice more to keep that mean current. Every `TRIAL` verify steps the two are
 compared: where verifying costs more a token, the kind decodes plainly for a pause, each
 pause twice as long as the last (a workload that never pays spends a few trial steps in a
 thousand), and is tried afresh after it; where it pays, the pauses start short again.
@@ -42,7 +44,7 @@ class Ledger:
 
     decode: float | None = None  # seconds of a steady decode step (a token a row)
     verify: float | None = None  # seconds a token a row of a verify step
-    plain: bool = False  # its last step decoded (the next decode step is steady)
+    last: str = ""  # the sort of its last steady step: "decode", "verify" ("" none)
     trials: int = 0  # verify steps since the last judgement
     since_decode: int = 0  # verify steps since its decode step was measured
     paused_until: int = 0  # the step count it decodes plainly until
@@ -70,16 +72,18 @@ class Payoff:
         drafts; `steady`: it prefilled nothing and its shape was met before."""
         self.steps += 1
         ledger = self.ledgers.setdefault(of, Ledger())
-        if steady and rows and not verified and ledger.plain:
-            ledger.decode = _mean(ledger.decode, seconds)
-            ledger.since_decode = 0
-        elif steady and verified and tokens:
-            ledger.verify = _mean(ledger.verify, seconds * rows / tokens)
-            ledger.since_decode += 1
-            ledger.trials += 1
-            if ledger.trials >= TRIAL:
-                self._judge(ledger)
-        ledger.plain = steady and not verified
+        sort = "verify" if verified else "decode"
+        if steady and rows and tokens and ledger.last == sort:
+            if verified:
+                ledger.verify = _mean(ledger.verify, seconds * rows / tokens)
+                ledger.trials += 1
+                if ledger.trials >= TRIAL:
+                    self._judge(ledger)
+            else:
+                ledger.decode = _mean(ledger.decode, seconds)
+                ledger.since_decode = 0
+        ledger.since_decode += verified
+        ledger.last = sort if steady else ""
 
     def paused(self) -> list[Kind]:
         """The kinds whose verify steps did not pay, decoding plainly now."""

@@ -60,15 +60,15 @@ def test_verify_steps_that_give_more_than_they_cost_go_on() -> None:
 
 def test_verify_steps_that_cost_more_a_token_pause_their_kind_twice_as_long_each_time() -> None:
     payoff = known()
-    verify(payoff, tokens=12, steps=TRIAL - 1)  # 1.5 tokens a row for 2 decode steps' time
-    assert payoff.allows(BATCH)  # not judged before TRIAL verify steps
+    verify(payoff, tokens=12, steps=TRIAL)  # 1.5 tokens a row for 2 decode steps' time
+    assert payoff.allows(BATCH)  # not judged before TRIAL verify steps after the first
     verify(payoff, tokens=12)
     assert not payoff.allows(BATCH) and payoff.paused() == [BATCH]
     decode(payoff, FIRST_PAUSE - 1)
     assert not payoff.allows(BATCH)
     decode(payoff)
     assert payoff.allows(BATCH)  # tried afresh after the pause
-    verify(payoff, tokens=12, steps=TRIAL)
+    verify(payoff, tokens=12, steps=TRIAL + 1)
     decode(payoff, 2 * FIRST_PAUSE - 1)
     assert not payoff.allows(BATCH)  # the second pause is twice as long
     decode(payoff)
@@ -77,9 +77,9 @@ def test_verify_steps_that_cost_more_a_token_pause_their_kind_twice_as_long_each
 
 def test_a_kind_that_pays_again_starts_its_pauses_short() -> None:
     payoff = known()
-    verify(payoff, tokens=12, steps=TRIAL)
+    verify(payoff, tokens=12, steps=TRIAL + 1)
     decode(payoff, FIRST_PAUSE)
-    verify(payoff, tokens=40, steps=TRIAL)  # its members copy now: 5 tokens a row
+    verify(payoff, tokens=40, steps=TRIAL + 1)  # its members copy now: 5 tokens a row
     assert payoff.allows(BATCH)
     verify(payoff, tokens=8, seconds=0.05, steps=TRIAL)  # and then they do not
     assert not payoff.allows(BATCH)
@@ -95,8 +95,19 @@ def test_the_decode_step_is_measured_again_every_so_many_verify_steps() -> None:
     assert not payoff.allows(BATCH)  # the one after a verify step does not count
     decode(payoff, seconds=0.030)
     assert payoff.allows(BATCH)
-    verify(payoff, tokens=12, steps=TRIAL)  # 1.5 tokens a row for 2 decode steps of 10 ms
+    verify(payoff, tokens=12, steps=TRIAL + 1)  # 1.5 tokens a row for 2 decode steps of 10 ms
     assert payoff.allows(BATCH)  # judged against the decode step's mean, longer now: it pays
+
+
+def test_the_first_step_after_one_of_the_other_sort_is_not_counted() -> None:
+    """The first verify step after decoding waits for the last decode step's work too; the
+    first decode step after verifying waits for nothing."""
+    payoff = known()
+    verify(payoff, tokens=24, seconds=1.0)  # as if it waited for a long decode step
+    verify(payoff, tokens=24, steps=TRIAL)  # 3 tokens a row for 2 decode steps' time
+    assert payoff.allows(BATCH)
+    decode(payoff, seconds=0.0001)
+    assert payoff.ledgers[BATCH].decode == DECODE
 
 
 def test_steps_that_are_not_steady_are_not_judged() -> None:
