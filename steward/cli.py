@@ -268,8 +268,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         p,
         "distributed-backend",
         str,
-        "the group's MLX backend: any (ring, for local ranks) or ring; jaccl, nccl and mpi "
-        "are not built yet and exit 78",
+        "the group's MLX backend: any (ring), ring (TCP), nccl (CUDA GPUs, one a rank), jaccl "
+        "(RDMA over Thunderbolt, with a hostfile's rdma devices); mpi is not built (exit 78)",
         choices=["any", "ring", "jaccl", "nccl", "mpi"],
     )
     _flag(p, "rank-join-timeout", float, "seconds every rank of a group has to join it")

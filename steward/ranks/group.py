@@ -99,7 +99,7 @@ class RankGroup:
     ) -> None:
         self.ranks = ranks
         self.channel = channel
-        self.folder = folder  # the hostfile's
+        self.folder = folder  # the files MLX reads, of the ranks here
         self.join_timeout = join_timeout
         self.started = time.monotonic()
         self._closing = False
@@ -112,7 +112,7 @@ class RankGroup:
         """Every rank started, on fresh ports; none has joined yet."""
         folder = Path(tempfile.mkdtemp(prefix="steward-ranks-"))
         hosts = _hosts(settings)
-        places = form([host.ips for host in hosts], settings.distributed_backend, folder)
+        places = form(hosts, settings.distributed_backend, folder)
         ours, theirs = socket.socketpair()
         feeds = [socket.socketpair() for _ in places[1:]]
         lines = [socket.socketpair() for _ in places]
@@ -122,9 +122,8 @@ class RankGroup:
             if place.rank == 0:  # here, whatever its host: it speaks the worker channel
                 process = spawn_rank(place, settings, line, theirs, [lead for lead, _ in feeds])
             elif host.remote:
-                text = Path(place.hostfile).read_text()
                 feed = feeds[place.rank - 1][1]
-                process = SshRank.start(host, place, settings, text, feed, line)
+                process = SshRank.start(host, place, settings, feed, line)
             else:
                 process = spawn_rank(place, settings, line, None, [feeds[place.rank - 1][1]])
             pid = None if isinstance(process, SshRank) else process.pid  # remote: its pulses'

@@ -1,0 +1,71 @@
+"""Forming a group (ranks/formation.py): what each backend of MLX reads to join, as
+`mlx.launch` gives it, on fresh ports; pure but for the files a rank writes (milliseconds).
+The ring is joined for real in every test of tests/ranks; nccl (CUDA) and jaccl (RDMA on
+macOS) have no device here: their places are checked, and a build without them exits 78
+(test_ranks.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from steward.ranks.formation import form
+from steward.wire.ranks import HERE, RankHost
+
+LOCAL = (RankHost(HERE, ("127.0.0.1",)),) * 2
+MACS = (
+    RankHost("mac1", ("10.0.0.1", "192.168.1.1"), (None, "rdma_en3")),
+    RankHost("mac2", ("10.0.0.2",), ("rdma_en3", None)),
+)
+
+
+def test_a_ring_reads_a_hostfile_of_fresh_ports_one_per_address(tmp_path: Path) -> None:
+    places = form(MACS, "any", tmp_path)
+    assert [(p.rank, p.size, p.backend) for p in places] == [(0, 2, "ring"), (1, 2, "ring")]
+    env = places[1].environment()
+    assert env["MLX_RANK"] == "1"
+    listed = json.loads(Path(env["MLX_HOSTFILE"]).read_text())
+    assert [[a.rpartition(":")[0] for a in ips] for ips in listed] == [
+        ["10.0.0.1", "192.168.1.1"],
+        ["10.0.0.2"],
+    ]
+    ports = [a.rpartition(":")[2] for ips in listed for a in ips]
+    assert len(set(ports)) == 3
+    again = json.loads(
+        Path(form(MACS, "ring", tmp_path)[0].environment()["MLX_HOSTFILE"]).read_text()
+    )
+    assert again != listed  # a new formation, new ports
+    assert Path(places[0].environment()["MLX_HOSTFILE"]) != Path(env["MLX_HOSTFILE"])
+
+
+def test_nccl_reads_rank_0s_address_the_size_and_one_gpu_a_rank_of_each_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    local = [dict(p.environment()) for p in form(LOCAL * 2, "nccl", tmp_path)]
+    assert {e["NCCL_HOST_IP"] for e in local} == {"127.0.0.1"}
+    assert len({e["NCCL_PORT"] for e in local}) == 1
+    assert [e["MLX_WORLD_SIZE"] for e in local] == ["4"] * 4
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in local] == ["0", "1", "2", "3"]
+    assert [e["MLX_RANK"] for e in local] == ["0", "1", "2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 6")  # the GPUs the operator leaves us
+    assert [p.environment()["CUDA_VISIBLE_DEVICES"] for p in form(LOCAL, "nccl", tmp_path)] == [
+        "4",
+        "6",
+    ]
+    gpus = (MACS[0], MACS[1], MACS[1])  # rank 0 here, two ranks on the second host
+    remote = [p.environment() for p in form(gpus, "nccl", tmp_path)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in remote] == ["4", "0", "1"]
+    assert {e["NCCL_HOST_IP"] for e in remote} == {"10.0.0.1"}
+
+
+def test_jaccl_reads_a_coordinator_and_the_hosts_rdma_devices(tmp_path: Path) -> None:
+    places = form(MACS, "jaccl", tmp_path)
+    env = places[1].environment()
+    host, _, port = env["MLX_JACCL_COORDINATOR"].rpartition(":")
+    assert host == "10.0.0.1" and int(port) > 0
+    devices = json.loads(Path(env["MLX_IBV_DEVICES"]).read_text())
+    assert devices == [[None, "rdma_en3"], ["rdma_en3", None]]
+    assert "MLX_HOSTFILE" not in env and "CUDA_VISIBLE_DEVICES" not in env
