@@ -1,7 +1,8 @@
 """Speculative decoding: decode speed with and without it, measured in the same run.
 
-Two workloads, each against a steward started with `--speculate none` and one with the
-default (`auto`), one after the other on the same device:
+Two workloads, each against a steward started with `--speculate none` and one with
+`--speculate auto` (drafts where verify steps measure as paying; `--speculate always` for
+the mechanism unjudged), one after the other on the same device:
 - code edit: a file of ~150 lines in the prompt, "return the whole file with one change";
   asked plainly (n-gram lookup alone) and with the file as OpenAI's `prediction`, at each
   `--edit-concurrency` level;
@@ -13,7 +14,7 @@ and C: per-request decode tok/s (median, after the first token, the server's own
 count over the stream's time), aggregate tok/s, the draft tokens' acceptance (usage), and
 the ratio of decode speed to speculation off.
 
-    python -m bench.speculation [--model DIR] [--draft-model DIR] [--quick]
+    python -m bench.speculation [--model DIR] [--draft-model DIR] [--speculate always] [--quick]
 """
 
 from __future__ import annotations
@@ -170,6 +171,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1200, help="most tokens an answer has")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client")
     parser.add_argument(
+        "--speculate", choices=["auto", "always"], default="auto", help="the speculating mode"
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="a smoke run on a CPU: tiny file, few tokens"
     )
     args = parser.parse_args()
@@ -193,10 +197,10 @@ def main() -> None:
         ("story", False, "lookup", chat),
     ]
     results = run("off", start_server(model, ["--speculate", "none"]), "default", off, args)
-    results |= run("on", start_server(model, ["--speculate", "auto"]), "default", on, args)
+    results |= run("on", start_server(model, ["--speculate", args.speculate]), "default", on, args)
     if args.draft_model:
         draft = [("edit", False, "draft", drafted), ("story", False, "draft", drafted)]
-        drafting = ["--speculate", "auto", "--draft-model", str(args.draft_model)]
+        drafting = ["--speculate", args.speculate, "--draft-model", str(args.draft_model)]
         server = start_server(model, drafting)
         results |= run("draft", server, "default", draft, args)
         if not args.no_peer:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from steward import __version__, drill
-from steward.config import ServeConfig
+from steward.config import SPECULATE, ServeConfig
 from steward.front.dialects.openai import MAX_N
 
 if TYPE_CHECKING:
@@ -198,9 +198,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "speculate",
         str,
         "speculative decoding: auto (each member drafts tokens from its request's prediction "
-        "and by lookup in its own prompt and answer, while they are accepted), none (the "
-        "default until it pays: on an H200 its verify steps measured slower than decoding)",
-        choices=["auto", "none"],
+        "and by lookup in its own prompt and answer, while they are accepted, where verify "
+        "steps measure faster a token than decode steps), always (wherever they are "
+        "accepted, paying or not), none (the default: not yet measured on a GPU since auto "
+        "judges what pays)",
+        choices=list(SPECULATE),
     )
     _flag(
         p,
@@ -266,8 +268,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         p,
         "distributed-backend",
         str,
-        "the group's MLX backend: any (ring, for local ranks) or ring; jaccl, nccl and mpi "
-        "are not built yet and exit 78",
+        "the group's MLX backend: any (ring), ring (TCP), nccl (CUDA GPUs, one a rank), jaccl "
+        "(RDMA over Thunderbolt, with a hostfile's rdma devices); mpi is not built (exit 78)",
         choices=["any", "ring", "jaccl", "nccl", "mpi"],
     )
     _flag(p, "rank-join-timeout", float, "seconds every rank of a group has to join it")

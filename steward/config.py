@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from steward.wire.ranks import Hostfile
 
+SPECULATE = ("auto", "always", "none")  # `--speculate` (worker/speculation.py says each)
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -44,7 +46,7 @@ class ServeConfig:
     standby: str = "auto"  # auto, none, warm (runtime up, no model) or hot (model loaded)
     process_ahead: str = "auto"  # auto (on a GPU), on, off: supervisor/ahead.py
     prompt_cache_bytes: int = 1024 * 1024 * 1024
-    speculate: str = "none"  # or auto: members draft (worker/speculation.py); off until it pays
+    speculate: str = "none"  # SPECULATE: members draft (worker/speculation.py); off until it pays
     draft_model: str | None = None  # a model with the same tokenizer, a source of drafts
     prompt_cache_dir: str | None = None  # the disk tier: none unless given
     prompt_cache_disk_bytes: int = 4 * 1024 * 1024 * 1024

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from steward.config import ServeConfig
+from steward.config import SPECULATE, ServeConfig
 from steward.model.resolve import ModelError, ModelSource, resolve_model
 from steward.pool.groups import configure
 from steward.pool.names import DEFAULT, is_pattern, listed_names
@@ -47,7 +47,7 @@ CHOICES = {  # a model's settings that take one of a few values
     "standby": ("auto", "none", "warm", "hot"),
     "distributed_backend": ("any", "ring", "jaccl", "nccl", "mpi"),
     "parallel": ("auto", "tensor", "pipeline"),
-    "speculate": ("auto", "none"),
+    "speculate": SPECULATE,
 }
 KEYS: dict[str, type | tuple[type, ...]] = {
     "path": str,

@@ -29,7 +29,16 @@ def configure(config: ServeConfig) -> ServeConfig:
     if config.parallel == "pipeline" and config.distributed_backend == "nccl":
         why = "--parallel pipeline needs send and recv, which the nccl backend lacks"
     elif config.distributed_backend not in BUILT:
-        why = f"--distributed-backend {config.distributed_backend} is not built (any or ring are)"
+        why = (
+            f"--distributed-backend {config.distributed_backend} is not built (any, ring, "
+            "nccl and jaccl are): its ranks are started by mpirun, a group's by steward"
+        )
+    elif config.distributed_backend == "jaccl" and config.rank_hosts is None:
+        why = "jaccl joins hosts over RDMA: give a --hostfile with each host's rdma devices"
+    elif config.distributed_backend == "jaccl" and (
+        unmeshed := hostfile.unmeshed(config.rank_hosts.hosts)
+    ):
+        why = f"--hostfile {config.rank_hosts.path}: {unmeshed}"
     elif config.prompt_cache_dir:
         why = "--prompt-cache-dir (the disk tier) is not built for a group"
     elif config.draft_model:

@@ -41,7 +41,7 @@ from pathlib import Path
 import msgspec
 
 from steward.ranks.child import spawn_rank
-from steward.ranks.formation import LOCAL, form, release
+from steward.ranks.formation import LOCAL, form, machine, release
 from steward.ranks.remote import SSH_FAILED, SshRank
 from steward.ranks.room import tightest
 from steward.wire.channel import AsyncChannel
@@ -73,6 +73,7 @@ class Rank:
     place: RankPlace
     process: BaseProcess | SshRank  # an ssh client holds a remote rank
     host: str  # as the hostfile names it (its `ssh`); local ranks: 127.0.0.1
+    machine: str  # where it runs: here (127.0.0.1) unless it is started over ssh
     pid: int | None = None  # on its host; a remote rank's is known from its pulses
     joined: bool = False
     serving: bool = False
@@ -88,11 +89,6 @@ class Rank:
             self.progress = now
         self.joined, self.serving, self.steps, self.pulse = joined, serving, steps, now
         self.pid, self.memory = pid, memory
-
-    @property
-    def machine(self) -> str:
-        """The host it runs on: here for rank 0 and every rank started without ssh."""
-        return self.host if isinstance(self.process, SshRank) else HERE
 
     def kill(self) -> None:
         """SIGKILL it, on its own host (a remote one, over ssh)."""
@@ -127,7 +123,7 @@ class RankGroup:
     ) -> None:
         self.ranks = ranks
         self.channel = channel
-        self.folder = folder  # the hostfile's
+        self.folder = folder  # the files MLX reads, of the ranks here
         self.ports = ports  # given to this group until it is reaped
         self.join_timeout = join_timeout
         self.started = time.monotonic()
@@ -141,7 +137,7 @@ class RankGroup:
         """Every rank started, on fresh ports; none has joined yet."""
         folder = Path(tempfile.mkdtemp(prefix="steward-ranks-"))
         hosts = _hosts(settings)
-        places, ports = form([host.ips for host in hosts], settings.distributed_backend, folder)
+        places, ports = form(hosts, settings.distributed_backend, folder)
         ours, theirs = socket.socketpair()
         feeds = [socket.socketpair() for _ in places[1:]]
         lines = [socket.socketpair() for _ in places]
@@ -151,13 +147,13 @@ class RankGroup:
             if place.rank == 0:  # here, whatever its host: it speaks the worker channel
                 process = spawn_rank(place, settings, line, theirs, [lead for lead, _ in feeds])
             elif host.remote:
-                text = Path(place.hostfile).read_text()
                 feed = feeds[place.rank - 1][1]
-                process = SshRank.start(host, place, settings, text, feed, line)
+                process = SshRank.start(host, place, settings, feed, line)
             else:
                 process = spawn_rank(place, settings, line, None, [feeds[place.rank - 1][1]])
             pid = None if isinstance(process, SshRank) else process.pid  # remote: its pulses'
-            ranks.append(Rank(place, process, host.ssh, pid=pid))
+            on = machine(hosts, place.rank)
+            ranks.append(Rank(place, process, host.ssh, on, pid=pid))
         for sock in [theirs, *(s for pair in feeds for s in pair), *(s for _, s in lines)]:
             sock.close()
         channel = await AsyncChannel.open(ours)

@@ -1,8 +1,9 @@
 """`--hostfile FILE`: MLX's JSON hostfile, the one `mlx.launch` reads.
 
 Either a list of hosts or `{"backend": ..., "envs": [...], "hosts": [...]}`, each host
-`{"ssh": NAME, "ips": [IP, ...]}` (`rdma` is `jaccl`'s, not read here). One rank per host, in
-the file's order. Rank 0 runs here, beside the front, whatever its `ssh` says: it speaks the
+`{"ssh": NAME, "ips": [IP, ...], "rdma": [DEVICE or null, ...]}` (`rdma`: `jaccl`'s, the
+host's RDMA device toward each host, null toward itself). One rank per host, in the file's
+order. Rank 0 runs here, beside the front, whatever its `ssh` says: it speaks the
 worker channel, so the first host must be this machine, and its `ips` are where the others
 reach it. Every other host is started over ssh, except one whose `ssh` is `127.0.0.1`
 (`mlx.launch`'s rule: started here, without ssh). The ring backend needs every host's `ips`.
@@ -45,7 +46,22 @@ def _host(path: str, index: int, host: Any) -> RankHost:
     ips = host.get("ips", [])
     if not isinstance(ips, list) or not ips or not all(isinstance(ip, str) and ip for ip in ips):
         raise ValueError(f"{where} ({host['ssh']}): ips: the ring backend needs its addresses")
-    return RankHost(host["ssh"], tuple(ips))
+    rdma = host.get("rdma", [])
+    if not isinstance(rdma, list) or not all(d is None or isinstance(d, str) for d in rdma):
+        raise ValueError(f"{where} ({host['ssh']}): rdma: a list of device names or null")
+    return RankHost(host["ssh"], tuple(ips), tuple(rdma))
+
+
+def unmeshed(hosts: tuple[RankHost, ...]) -> str:
+    """What keeps `jaccl` from joining these hosts ("" nothing): every host names an RDMA
+    device toward every other host, and null toward itself (as `mlx.launch` checks)."""
+    for i, host in enumerate(hosts):
+        if len(host.rdma) != len(hosts) or host.rdma[i] is not None:
+            return f"host {i} ({host.ssh}): rdma lists one device per host, null for itself"
+        for j, device in enumerate(host.rdma):
+            if device is None and j != i:
+                return f"host {i} ({host.ssh}): no RDMA device toward host {j} ({hosts[j].ssh})"
+    return ""
 
 
 def _is_env(entry: object) -> bool:

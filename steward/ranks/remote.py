@@ -57,13 +57,12 @@ class SshRank:
         host: RankHost,
         place: RankPlace,
         settings: WorkerSettings,
-        hostfile: str,
         feed: socket.socket,
         line: socket.socket,
     ) -> SshRank:
-        """The rank started over ssh: `hostfile` the group's MLX hostfile (its text),
+        """The rank started over ssh (its place carries the files MLX reads, as text):
         `feed` rank 0's to it (this keeps its own copy, to relay), `line` its pulses'."""
-        payload = base64.b64encode(pickle.dumps((place, settings, hostfile))).decode()
+        payload = base64.b64encode(pickle.dumps((place, settings))).decode()
         kept = [f"export {k}={shlex.quote(os.environ[k])};" for k in KEPT if k in os.environ]
         script = (
             f"cd {shlex.quote(os.getcwd())} 2>/dev/null; {' '.join(kept)} "

@@ -36,17 +36,16 @@ READ = 65536
 
 
 def main(payload: str) -> int:
-    """Hold the rank the front's `payload` describes (its place, settings and MLX
-    hostfile's text) until its end; its exit status."""
-    place, settings, hostfile = pickle.loads(base64.b64decode(payload))
+    """Hold the rank the front's `payload` describes (its place and settings) until its
+    end; its exit status."""
+    place, settings = pickle.loads(base64.b64decode(payload))
     out = os.dup(1)  # the rank's line, to the front
     os.dup2(2, 1)  # whatever else is printed here goes to stderr, never into the line
-    folder = Path(tempfile.mkdtemp(prefix="steward-rank-"))
-    (folder / "hostfile.json").write_text(hostfile)
+    folder = Path(tempfile.mkdtemp(prefix="steward-rank-"))  # the files MLX reads
     line, their_line = socket.socketpair()
     feed, their_feed = socket.socketpair()
     process = spawn_rank(
-        replace(place, hostfile=str(folder / "hostfile.json")),
+        replace(place, folder=str(folder)),
         replace(settings, parent_pid=os.getpid()),
         their_line,
         None,

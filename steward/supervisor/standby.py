@@ -7,10 +7,11 @@ take at most `HOT_SHARE` of the device's memory (its recommended working set whe
 one, as Metal does, else its total; for a group of ranks, on the host where a copy is
 tightest, which its worker says: ranks/room.py), so KV caches keep room; else `warm`: on
 CUDA a warm spare recovers no faster than a restart (the load dominates), on a small Mac a
-hot one would not fit. A group's spare is a whole spare group, which nothing here knows. The spare starts only once a worker serves (it never competes with a load
-that clients wait for) and again behind each promotion. Its own faults are logged, never
-shown to clients; after three in a row it is given up until the next promotion. It dies
-with the front like any worker (the same lifeline).
+hot one would not fit. A group's spare is a whole spare group, which nothing here knows.
+The spare starts only once a worker serves (it never competes with a load that clients
+wait for) and again behind each promotion. Its own faults are logged, never shown to
+clients; after three in a row it is given up until the next promotion. It dies with the
+front like any worker (the same lifeline).
 
 A suspected hang (failover.py) may want a copy of the model beside the suspect before the
 mode would have one: `rush` has the spare hold the model (a warm one loads it, a new one

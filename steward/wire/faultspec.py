@@ -13,10 +13,11 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-POINTS = ("load", "prefill", "decode", "supervisor")
+POINTS = ("load", "prefill", "decode", "verify", "supervisor")
 ACTIONS = ("raise", "poison", "hang", "crash", "oom", "slow")
 # `supervisor` stands for a bug in steward's own loop, not a backend fault: `raise` fails
-# the request being dispatched, `crash` ends the supervision loop (exit 70).
+# the request being dispatched, `crash` ends the supervision loop (exit 70). `verify` stands
+# for a device whose verify steps cost more than the tokens they give (`slow=S:every` only).
 SUPERVISOR_ACTIONS = ("raise", "crash")
 
 
@@ -83,6 +84,8 @@ def _parse(text: str, point: str, action: str, trigger: str) -> FaultSpec:
     if point == "supervisor" and name not in SUPERVISOR_ACTIONS:
         raise ValueError(f"fault spec {text!r}: supervisor takes {' or '.join(SUPERVISOR_ACTIONS)}")
     seconds = float(arg) if arg else 0.0
+    if point == "verify" and (name != "slow" or trigger != "every"):
+        raise ValueError(f"fault spec {text!r}: verify takes slow=S:every")
     if trigger == "every":
         return FaultSpec(point, name, seconds, nth=None)
     key, _, value = trigger.partition("=")

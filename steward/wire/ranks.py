@@ -33,12 +33,25 @@ FRONT_SILENCE = 10.0
 
 @dataclass(frozen=True)
 class RankPlace:
-    """One rank's place in its group: what MLX needs to join it."""
+    """One rank's place in its group: what MLX needs to join it (ranks/formation.py)."""
 
     rank: int
     size: int
-    backend: str  # MLX's name for it: "ring"
-    hostfile: str  # the path of MLX's JSON hostfile (MLX_HOSTFILE)
+    backend: str  # MLX's name for it: "ring", "nccl", "jaccl"
+    env: tuple[tuple[str, str], ...]  # set in the rank's environment
+    files: tuple[tuple[str, str], ...]  # (variable, text): written on the rank's host, the
+    # variable set to the file's path (MLX reads the ring's hostfile and jaccl's devices so)
+    folder: str  # where on the rank's host they are written (its spawner's, removed with it)
+
+    def environment(self) -> dict[str, str]:
+        """What the rank sets before MLX joins it to the group, its files written."""
+        written = {}
+        for name, text in self.files:
+            path = f"{self.folder}/{self.rank}.{name.lower()}.json"  # ranks here share it
+            with open(path, "w") as out:
+                out.write(text)
+            written[name] = path
+        return {**dict(self.env), "MLX_RANK": str(self.rank), **written}
 
 
 HERE = "127.0.0.1"  # a hostfile's host started without ssh, as mlx.launch has it
@@ -50,6 +63,7 @@ class RankHost:
 
     ssh: str  # what ssh is given to reach it
     ips: tuple[str, ...]  # where its peers reach it
+    rdma: tuple[str | None, ...] = ()  # jaccl: its RDMA device toward each rank (None: itself)
 
     @property
     def remote(self) -> bool:

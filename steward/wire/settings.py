@@ -19,7 +19,7 @@ class WorkerSettings:
     memory_limit: int | None = None
     max_batch: int = 0  # 0: auto (width.py)
     prompt_cache_bytes: int = 0
-    speculate: str = "none"  # or "auto": the engine's draft tokens (speculation.py)
+    speculate: str = "none"  # config.SPECULATE: the engine's draft tokens (speculation.py)
     draft_model: str | None = None  # an MLX dir whose tokenizer is the model's (checked)
     warm: bool = False  # a warm spare: start the runtime, load the model only when told
     kind: str = "chat"  # or "embedding": what the worker loads and serves

@@ -55,6 +55,7 @@ from steward.worker.grammar import RESIDENT, Drafted, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
 from steward.worker.outputs import Drawn, Outputs, Row
+from steward.worker.payoff import Kind, kind_of
 from steward.worker.prepared import Prepared, prepared
 from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
@@ -71,6 +72,7 @@ CACHE_ENTRIES = 256  # the byte bound is the one that matters; this keeps lookup
 # the positions each feeds (a verify step's: 1 + its most drafts), prompts prefilling, their
 # chunk). Its first step is `new_shape` (StepClock).
 Shape = tuple[bool, int, int, int, int]
+ALONE = kind_of(True, 1)  # a request alone, for the judgement of its verify steps (payoff.py)
 
 
 class Out(NamedTuple):
@@ -127,7 +129,7 @@ class Engine:
         cache_bytes: int,
         disk: DiskCache | None = None,
         chunks: Chunks | None = None,  # how prefill chunks are sized (a group's agree)
-        speculate: str = "auto",  # or "none": members draft tokens (speculation.py)
+        speculate: str = "auto",  # "always" or "none": members draft tokens (speculation.py)
         draft: DraftModel | None = None,  # `--draft-model`: a source of drafts
     ) -> None:
         self.backend = backend
@@ -259,7 +261,8 @@ class Engine:
         started = time.perf_counter()
         if self.solo is not None:
             return self._solo_draw(started)
-        self._plan()
+        of = kind_of(False, len(self.batch.uids))
+        self._plan(of)
         if self.width > 1:
             self._verifying(False, len(self.batch.uids), self.width)
         self.batch.want_rows(any(member.req.logprobs >= 0 for member in self.members.values()))
@@ -291,6 +294,8 @@ class Engine:
                 self._remember(out.all_tokens, out.prompt_cache, member.req)
                 self._forget(out.uid)
         seconds = time.perf_counter() - started - waited
+        steady = not new and not prefill
+        self.speculation.measured(of, seconds, decoded, len(outputs), self.width > 1, steady)
         planned = self.chunks.planned(self.batch)
         drawn.clock = StepClock(decoded, prefill, seconds, new, planned)
         return drawn
@@ -311,7 +316,9 @@ class Engine:
         """Before a verify step: `shaping` is told when its shape is new to this worker.
         Its number of positions a row changes with the drafts, and MLX builds a new shape's
         kernels on its first step: on a GPU seconds, which the stall bound, expecting a
-        decode step of that width, would take for a hang."""
+        decode step of that width, would take for a hang. (Fault injection's `verify`
+        point: a device where verifying costs more.)"""
+        self.backend.injector.hit("verify")
         if (shape := (alone, rows, positions)) not in self.verify_shapes:
             self.verify_shapes.add(shape)
             self.shaping()
@@ -350,7 +357,7 @@ class Engine:
         ids = [member.req.id for member in lost]
         return list(dict.fromkeys(ids + [m.req.id for m in members if not m.ended]))
 
-    def _plan(self) -> None:
+    def _plan(self, of: Kind) -> None:
         """The coming step: a verify step when a member drafts (its grammar rows masked by
         `Drafted`), else a plain one whose grammar rows `BatchStep` is armed for, with the
         tokens it feeds, still on the device. A row whose processor only masks (its first
@@ -365,7 +372,7 @@ class Engine:
             rows.append((i, member.processor))
             if member.processor.masks_only:
                 self.batch.unprocess(i)
-        drafts = self._drafts()
+        drafts = self._drafts(of)
         self.width = 1 + max(map(len, drafts.values()), default=0)
         if drafts:
             self.batch.speculate(drafts, Drafted(rows) if rows else None)
@@ -375,11 +382,11 @@ class Engine:
         else:
             self.backend.batch_step.disarm()
 
-    def _drafts(self) -> dict[int, list[int]]:
+    def _drafts(self, of: Kind) -> dict[int, list[int]]:
         """Each decoding member's drafts, by uid, no more than its answer has room for after
         the token it feeds; none while a row is in mlx-lm's per-row processor loop (its
-        step is mlx-lm's own)."""
-        if not self.speculation.on or self.batch.processing():
+        step is mlx-lm's own), nor where verify steps of this kind do not pay."""
+        if not self.speculation.allows(of) or self.batch.processing():
             return {}
         rows = []
         for uid in self.batch.uids:
@@ -438,6 +445,7 @@ class Engine:
             new = self._met((True, 0, 0, 1, solo.prefill_step))
             seconds = time.perf_counter() - started - waited
             self.chunks.observe(prefill, seconds, timed=not new)
+            self.speculation.measured(ALONE, seconds, 0, 0, False, False)  # no steady step
             drawn.prefilled = [member.req.id]
             drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
             return drawn
@@ -458,6 +466,7 @@ class Engine:
             if solo.processors and member.drafter is not None and member.drafter.drafting:
                 self._handover()  # its text copies: it drafts in the batch, grammar and all
         seconds = time.perf_counter() - started - waited
+        self.speculation.measured(ALONE, seconds, 1, len(token_drawn), bool(drafts), not new)
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn
 
@@ -467,6 +476,8 @@ class Engine:
         grammar masks a verify step's rows)."""
         drafter = member.drafter
         if solo.pending is None or solo.processors or drafter is None:
+            return []
+        if not self.speculation.allows(ALONE):
             return []
         left = solo.max_tokens - member.new - 1  # after the token it feeds
         return self.speculation.drafts([(0, drafter, left)], 1).get(0, [])

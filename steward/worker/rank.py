@@ -2,11 +2,11 @@
 
 The pulse starts before anything else, on the rank's own line to the supervisor: a rank
 that never joins, or stops once joined, is seen there (wire/ranks.py), whatever the others
-are doing. MLX reads its place from `MLX_RANK` and `MLX_HOSTFILE`, set here before it is
-imported, with the hostfile's `envs`. Rank 0 then runs the worker (main.py) with its
-lockstep (lockstep.py); every other rank loads the same model, keeps its shard, and
-follows. In a warm spare group every rank starts its runtime and device, then waits for the
-`Load` rank 0 relays when the group is promoted.
+are doing. MLX reads its place from the environment its place sets here before MLX is
+imported (`MLX_RANK`, and what its backend reads: formation.py), with the hostfile's `envs`.
+Rank 0 then runs the worker (main.py) with its lockstep (lockstep.py); every other rank
+loads the same model, keeps its shard, and follows. In a warm spare group every rank starts
+its runtime and device, then waits for the `Load` rank 0 relays when the group is promoted.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import threading
 import time
 import traceback
 
-from steward.wire.protocol import FromWorker, Load
+from steward.wire.channel import BlockingChannel
+from steward.wire.protocol import FromWorker, Load, LoadFailed, encode
 from steward.wire.ranks import BEAT, PULSE, RankPlace
 from steward.wire.settings import WorkerSettings
 from steward.worker import lifeline, main, runtime
@@ -44,10 +45,12 @@ def run(
     runtime.without_torch(sys.modules)
     if settings.hostfile is not None:
         os.environ.update(env.split("=", 1) for env in settings.hostfile.envs)
-    os.environ["MLX_RANK"] = str(place.rank)
-    os.environ["MLX_HOSTFILE"] = place.hostfile
+    os.environ.update(place.environment())
     import mlx.core as mx
 
+    if not mx.distributed.is_available(place.backend):
+        _unavailable(place, sock, feeds, mx.__version__)
+        return
     _, device, working_set = main.memory()
     pulse.memory = working_set or device  # the standby's choice counts every host's
     group = mx.distributed.init(strict=True, backend=place.backend)
@@ -59,6 +62,19 @@ def run(
     else:
         (feed,) = feeds
         _follow(Fed(feed), settings, Lockstep(group, pulse, []))
+
+
+def _unavailable(
+    place: RankPlace, sock: socket.socket | None, feeds: list[socket.socket], version: str
+) -> None:
+    """This build of MLX lacks the group's backend (nccl is CUDA's, jaccl macOS's): no
+    restart can help, so rank 0 says so as a configuration error (exit 78), and every other
+    rank leaves that to it, holding as for a model it cannot load."""
+    why = f"--distributed-backend {place.backend}: MLX {version} here has no such backend"
+    if sock is not None:
+        BlockingChannel(sock).send(encode(LoadFailed(True, why, "")))
+    else:
+        Fed(feeds[0]).held(HOLD)
 
 
 def _follow(fed: Fed, settings: WorkerSettings, lockstep: Lockstep) -> None:

@@ -80,7 +80,6 @@ class Solo:
         read back, so the device never waits for the CPU."""
         token, logprobs = self.pending
         self.pending = self._step(token)
-        mx.async_eval(*self.pending)
         return token.item(), logprobs
 
     def _verify(self, drafts: list[int]) -> list[tuple[int, mx.array]]:
@@ -104,12 +103,18 @@ class Solo:
         return [(token.item(), logprobs), *((d, rows[j]) for j, d in enumerate(drafts[:took]))]
 
     def _step(self, fed: mx.array) -> tuple[mx.array, mx.array]:
+        """The token after `fed` and its log-probabilities, queued on the device at once:
+        each step is evaluated on its own, as mlx-lm's loop does. (Left to be evaluated with
+        the step after it, two forwards of a pipeline-parallel model, whose ranks' graphs
+        differ, would order their sends and receives differently on each rank: a deadlock.)"""
         with mx.stream(generation_stream):
             logits = self.model(fed[None], cache=self.cache)[:, -1, :]
             for processor in self.processors:
                 logits = processor(fed, logits)
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
-            return self.sampler(logprobs), logprobs.squeeze(0)
+            drawn = self.sampler(logprobs), logprobs.squeeze(0)
+        mx.async_eval(*drawn)
+        return drawn
 
     def held(self) -> list[int]:
         """The tokens whose KV the cache holds: every token given was fed."""

@@ -31,6 +31,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from steward.worker.chunks import BUDGET
+from steward.worker.payoff import Kind, Payoff
 
 if TYPE_CHECKING:
     from steward.wire.protocol import Generate
@@ -168,13 +169,15 @@ class Drafter:
 class Speculation:
     """An engine's speculative decoding: whether it drafts at all (`--speculate`, and a
     model whose cache a verify step can trim: plain KV layers), each member's `Drafter`, and
-    each step's drafts."""
+    each step's drafts: under `auto` only where verify steps of that kind pay (payoff.py),
+    under `always` wherever members copy (the benches' and tests' raw mechanism)."""
 
     def __init__(
         self, model: Any, speculate: str, draft: DraftModel | None, chunks: Chunks
     ) -> None:
         layers = make_prompt_cache(model)
         self.on = speculate != "none" and all(type(c) is KVCache for c in layers)
+        self.payoff = Payoff() if speculate == "auto" else None
         self.draft = draft
         self.chunks = chunks  # the engine's prefill chunks: how fast a prompt is read
         self.gpu = mx.default_device().type == mx.DeviceType.gpu  # a position costs little
@@ -195,16 +198,39 @@ class Speculation:
         rate = self.chunks.rate
         return max(1, int(rate * BUDGET)) if rate else FIRST_READ
 
+    def allows(self, of: Kind) -> bool:
+        """Whether a step of this kind may verify drafts at all."""
+        return self.on and (self.payoff is None or self.payoff.allows(of))
+
+    def measured(
+        self, of: Kind, seconds: float, rows: int, tokens: int, verified: bool, steady: bool
+    ) -> None:
+        """A step taken, for the judgement of its kind (payoff.py)."""
+        if self.on and self.payoff is not None:
+            self.payoff.measured(of, seconds, rows, tokens, verified, steady)
+
     def drafts(self, rows: list[tuple[int, Drafter, int]], width: int) -> dict[int, list[int]]:
         """The drafts of a verify step over `width` rows, by uid, of the `rows` that may
         draft: (uid, its drafter, the tokens its answer has room for after the one it
-        feeds). A row carries no more than `room` allows."""
+        feeds). A row carries no more than `room` allows; on a GPU, the step's positions a
+        row are a power of two (`shaped`)."""
         most = room(width, self.gpu)
         drafts = {}
         for uid, drafter, left in rows:
             if (allowed := min(most, left)) > 0 and (drafted := drafter.propose(allowed)):
                 drafts[uid] = drafted
+        return shaped(drafts) if self.gpu else drafts
+
+
+def shaped(drafts: dict[int, list[int]]) -> dict[int, list[int]]:
+    """`drafts` cut so that the verify step's positions a row (1 + its most drafts) are a
+    power of two: a GPU builds kernels for each new shape on its first step (seconds on the
+    H200, where a verify step of each of 2 to 17 positions at each width was a new shape),
+    and 2, 4, 8, 16 are few. Drafts cut cost a step's tokens, not its answer."""
+    if not drafts:
         return drafts
+    keep = (1 << (1 + max(map(len, drafts.values()))).bit_length() - 1) - 1
+    return {uid: drafted[:keep] for uid, drafted in drafts.items()}
 
 
 def room(rows: int, gpu: bool) -> int:

@@ -1,8 +1,9 @@
 """Speculative decoding through real servers and the official clients (SPEC §11): a tiny
 model's greedy answers in every dialect, streamed and not, are the same with speculation
-on (the default) and off; OpenAI's `prediction` is taken, its draft tokens counted in
-usage and in `/metrics`; a thinking answer verified several tokens a step is split into
-thinking and answer, and a tool call parsed, as one token a step is."""
+always on, judged (`auto`, on a server whose verify steps are made to lose) and off;
+OpenAI's `prediction` is taken, its draft tokens counted in usage and in `/metrics`, and
+not drafted where verifying loses; a thinking answer verified several tokens a step is
+split into thinking and answer, and a tool call parsed, as one token a step is."""
 
 from __future__ import annotations
 
@@ -27,18 +28,18 @@ from tests.tinymodel import (
 # The tiny random model's answer repeats itself: lookup in its own answer drafts it.
 ASK = "def area(w, h):\n    return w * h\n" * 4
 TOKENS = 40
+LOSING = "verify:slow=0.05:every"  # SPEC §6: every verify step 50 ms slower
 
 
 @pytest.fixture(scope="module")
 def servers(tiny_model: Path) -> Iterator[dict[str, Server]]:
-    """The tiny model with speculation on and off (the default)."""
+    """The tiny model with speculation always on, judged where every verify step is 50 ms
+    slower (a device where verifying loses), and off (the default)."""
+    named = ["--model", str(tiny_model), "--served-model-name", "tiny"]
     both = {
-        "auto": Server(
-            ["--model", str(tiny_model), "--served-model-name", "tiny", "--speculate", "auto"]
-        ),
-        "none": Server(
-            ["--model", str(tiny_model), "--served-model-name", "tiny", "--speculate", "none"]
-        ),
+        "always": Server([*named, "--speculate", "always"]),
+        "auto": Server([*named, "--speculate", "auto", "--inject-fault", LOSING]),
+        "none": Server([*named, "--speculate", "none"]),
     }
     try:
         for server in both.values():
@@ -104,7 +105,7 @@ def test_greedy_answers_are_the_same_with_speculation_on_and_off(servers, dialec
 
 
 def test_a_prediction_is_counted_in_usage_and_metrics(servers) -> None:
-    client = servers["auto"].client()
+    client = servers["always"].client()
     reference = chat(servers["none"], stream=False)
     messages: Any = [{"role": "user", "content": ASK}]
     predicted = client.chat.completions.create(
@@ -119,7 +120,7 @@ def test_a_prediction_is_counted_in_usage_and_metrics(servers) -> None:
     # The random model's text does not always encode back to its tokens: some refused.
     assert details.accepted_prediction_tokens >= TOKENS // 2
     assert details.rejected_prediction_tokens < details.accepted_prediction_tokens
-    metrics = servers["auto"].http.get("/metrics").text
+    metrics = servers["always"].http.get("/metrics").text
     accepted = next(
         line for line in metrics.splitlines() if line.startswith("steward_draft_tokens_total")
     )
@@ -138,8 +139,27 @@ def test_a_prediction_is_counted_in_usage_and_metrics(servers) -> None:
     assert off.usage.completion_tokens_details.accepted_prediction_tokens == 0
 
 
+def test_auto_drafts_a_prediction_only_while_verifying_pays(servers) -> None:
+    """On the `auto` server every verify step loses: after its trial it decodes the rest
+    plainly, answering the same, its usage counting what the trial drafted."""
+    reference = chat(servers["none"], stream=False)
+    messages: Any = [{"role": "user", "content": ASK}]
+    ask: dict[str, Any] = {"model": "tiny", "messages": messages, "max_tokens": TOKENS}
+    prediction = {"type": "content", "content": reference}
+    judged, always = (
+        servers[mode].client().chat.completions.create(temperature=0, prediction=prediction, **ask)
+        for mode in ("auto", "always")
+    )
+    assert judged.choices[0].message.content == always.choices[0].message.content == reference
+    accepted = (
+        r.usage.completion_tokens_details.accepted_prediction_tokens for r in (judged, always)
+    )
+    judged_accepted, always_accepted = accepted
+    assert 0 < judged_accepted < always_accepted
+
+
 def test_a_prediction_of_another_type_is_refused(servers) -> None:
-    response = servers["auto"].http.post(
+    response = servers["always"].http.post(
         "/v1/chat/completions",
         json={
             "messages": [{"role": "user", "content": "hi"}],
@@ -153,7 +173,7 @@ def test_a_draft_model_answers_as_without_and_a_foreign_one_exits_78(
     servers, tiny_model: Path, tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
     drafted = serve(
-        "--model", str(tiny_model), "--draft-model", str(tiny_model), "--speculate", "auto"
+        "--model", str(tiny_model), "--draft-model", str(tiny_model), "--speculate", "always"
     )
     drafted.wait()
     assert chat(drafted, stream=True) == chat(servers["none"], stream=True)
@@ -175,7 +195,7 @@ def test_a_thinking_answer_verified_several_tokens_a_step_splits_as_alone(
     tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
     model = build_thinking_model(tmp_path / "think", default_model_dir)
-    server = serve("--model", str(model), "--served-model-name", "think", "--speculate", "auto")
+    server = serve("--model", str(model), "--served-model-name", "think", "--speculate", "always")
     server.wait()
     whole = "<think>" + THINKING + "</think>" + ANSWER
     for stream in (False, True):
@@ -209,7 +229,7 @@ def test_a_tool_call_verified_several_tokens_a_step_is_parsed_as_alone(
     tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
     model = build_scripted_model(tmp_path / "tools", default_model_dir)
-    server = serve("--model", str(model), "--served-model-name", "tools", "--speculate", "auto")
+    server = serve("--model", str(model), "--served-model-name", "tools", "--speculate", "always")
     server.wait()
     weather = function_tool("get_weather", "The weather in a city.", {"city": {"type": "string"}})
     reply = server.client().chat.completions.create(

@@ -53,7 +53,7 @@ def test_a_models_file_configures_each_model(tmp_path: Path, tiny_model: Path) -
         ('[a]\npath = "X"\n[b]\npath = "X"\ncolour = "red"\n', 5, "unknown key 'colour'"),
         ('[a]\npath = "X"\n\n[b]\npath = "X"\nmax_batch = "many"\n', 6, "max_batch"),
         ('[a]\npath = "X"\npin = 1\n', 3, "pin"),
-        ('[a]\npath = "X"\nspeculate = "always"\n', 3, "speculate: one of auto, none"),
+        ('[a]\npath = "X"\nspeculate = "sometimes"\n', 3, "speculate: one of auto, always, none"),
         ('[a]\npath = "X"\n[b]\npath = "X"\naliases = ["a"]\n', 5, "'a' is given twice"),
         ('[a]\npath = "X"\naliases = ["s"]\n[b]\naliases = ["s"]\npath = "X"\n', 5, "twice"),
         ('[a]\npath = "X"\npath = "Y"\n', 3, "overwrite"),  # TOML's own error, with its line
@@ -100,10 +100,10 @@ def test_each_models_group_is_its_own(tmp_path: Path, tiny_model: Path) -> None:
     slot = Slot(spared, ServeConfig())
     slot.measured = 1000
     assert slot.need() == 2 * budget.need(1000, ServeConfig().prompt_cache_bytes, 2)
-    jaccl = f'[a]\npath = "{tiny_model}"\n[b]\npath = "{tiny_model}"\nranks = 2\n'
-    jaccl += 'distributed_backend = "jaccl"\n'
-    with pytest.raises(CatalogError, match="model b: --ranks 2: --distributed-backend jaccl"):
-        check_groups(load([], models_file(tmp_path, jaccl), []), ServeConfig())
+    mpi = f'[a]\npath = "{tiny_model}"\n[b]\npath = "{tiny_model}"\nranks = 2\n'
+    mpi += 'distributed_backend = "mpi"\n'
+    with pytest.raises(CatalogError, match="model b: --ranks 2: --distributed-backend mpi"):
+        check_groups(load([], models_file(tmp_path, mpi), []), ServeConfig())
 
 
 def test_model_flags_name_models_or_keep_todays_bare_path(tiny_model: Path) -> None:

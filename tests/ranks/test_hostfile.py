@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from steward.ranks.hostfile import read
+from steward.ranks.hostfile import read, unmeshed
 from steward.wire.ranks import RankHost
 
 
@@ -40,6 +40,7 @@ def test_both_of_mlx_launchs_forms(tmp_path: Path) -> None:
         ([{"ips": ["1.2.3.4"]}, {"ssh": "b", "ips": ["1.2.3.5"]}], 'host 0: an object with "ssh"'),
         ([{"ssh": "a", "ips": []}, {"ssh": "b", "ips": ["1.2.3.5"]}], "host 0 (a): ips"),
         ({"envs": ["A-B=2"], "hosts": [{"ssh": "a", "ips": ["1.2.3.4"]}] * 2}, "envs: a list"),
+        ([{"ssh": "a", "ips": ["1.2.3.4"], "rdma": "rdma_en3"}] * 2, "host 0 (a): rdma: a list"),
     ],
 )
 def test_a_hostfile_that_cannot_work_says_what(tmp_path: Path, data: object, why: str) -> None:
@@ -47,3 +48,23 @@ def test_a_hostfile_that_cannot_work_says_what(tmp_path: Path, data: object, why
         read(written(tmp_path, data))
     with pytest.raises(ValueError, match="No such file"):
         read(str(tmp_path / "missing.json"))
+
+
+MESH = [
+    {"ssh": "mac1", "ips": ["10.0.0.1"], "rdma": [None, "rdma_en3"]},
+    {"ssh": "mac2", "ips": ["10.0.0.2"], "rdma": ["rdma_en3", None]},
+]
+
+
+def test_jaccls_rdma_devices_are_read_and_must_join_every_pair(tmp_path: Path) -> None:
+    """jaccl's hostfile names each host's RDMA device toward each other host, null toward
+    itself, as `mlx.launch` checks."""
+    hosts = read(written(tmp_path, MESH)).hosts
+    assert [h.rdma for h in hosts] == [(None, "rdma_en3"), ("rdma_en3", None)]
+    assert unmeshed(hosts) == ""
+    assert "host 1 (mac2): no RDMA device toward host 0" in unmeshed(
+        (hosts[0], RankHost("mac2", ("10.0.0.2",), (None, None)))
+    )
+    assert "host 0 (mac1): rdma lists one device per host" in unmeshed(
+        (RankHost("mac1", ("10.0.0.1",)), hosts[1])
+    )

@@ -241,7 +241,12 @@ def test_auto_keeps_a_hot_spare_group_on_both_hosts(
 @pytest.mark.parametrize(
     ("hosts", "args", "why"),
     [
-        ({"backend": "jaccl", "hosts": [{"ssh": "a", "ips": ["1.2.3.4"]}] * 2}, [], "jaccl is not"),
+        (
+            {"backend": "jaccl", "hosts": [{"ssh": "a", "ips": ["1.2.3.4"]}] * 2},
+            [],
+            "host 0 (a): rdma lists one device per host",
+        ),
+        ({"backend": "mpi", "hosts": [{"ssh": "a", "ips": ["1.2.3.4"]}] * 2}, [], "mpi is not"),
         ([{"ssh": "a", "ips": ["1.2.3.4"]}] * 2, ["--ranks", "2"], "give one or the other"),
     ],
 )

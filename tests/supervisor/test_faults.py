@@ -69,6 +69,7 @@ def test_describe_exit() -> None:
         ("decode:hang:period=100+40", FaultSpec("decode", "hang", 0, None, None, 100.0, 40.0)),
         ("supervisor:crash:nth=2", FaultSpec("supervisor", "crash", nth=2)),
         ("decode:crash:nth=5@40", FaultSpec("decode", "crash", nth=5, token=40)),
+        ("verify:slow=0.05:every", FaultSpec("verify", "slow", 0.05, nth=None)),
     ],
 )
 def test_parse(text: str, spec: FaultSpec) -> None:
@@ -93,6 +94,8 @@ def test_parse(text: str, spec: FaultSpec) -> None:
         "prefill:crash:nth=5@40",
         "decode:crash:nth=5@1",
         "decode:crash:nth=5@x",
+        "verify:slow=0.05",
+        "verify:raise:every",
     ],
 )
 def test_parse_refuses(text: str) -> None:

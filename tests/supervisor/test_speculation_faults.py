@@ -15,7 +15,7 @@ def test_a_crash_during_a_verify_step_resumes_exactly(serve, tiny_model: Path) -
         "--model",
         str(tiny_model),
         "--speculate",
-        "auto",
+        "always",
         "--stall-timeout",
         "2",
         "--inject-fault",

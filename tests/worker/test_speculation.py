@@ -13,7 +13,7 @@ import pytest
 
 from steward.front.structured import grammar as compile_schema
 from steward.wire.protocol import Done, Generate
-from steward.worker.speculation import DRAFTING, Drafter
+from steward.worker.speculation import DRAFTING, Drafter, shaped
 
 COPYING = "def area(w, h):\n    return w * h\n\n" * 6  # the tiny model's answer copies it
 
@@ -28,10 +28,10 @@ def backend(tiny_model: Path):
 
 @pytest.fixture(scope="module")
 def engines(backend):
-    """An engine that speculates (the default) and one that does not."""
+    """An engine that speculates wherever its members copy and one that does not."""
     from steward.worker.engine import Engine
 
-    return {spec: Engine(backend, 8, 0, speculate=spec) for spec in ("auto", "none")}
+    return {spec: Engine(backend, 8, 0, speculate=spec) for spec in ("always", "none")}
 
 
 def answers(engine, reqs: list[Generate]) -> tuple[dict[int, list], dict[int, Done]]:
@@ -52,7 +52,7 @@ def answers(engine, reqs: list[Generate]) -> tuple[dict[int, list], dict[int, Do
 def same_answers(engines, reqs: list[Generate]) -> dict[int, Done]:
     """The requests answered with and without speculation: the same tokens, log-probs and
     ends. The speculating engine's `Done`s."""
-    (fast, fast_done), (slow, slow_done) = (answers(engines[s], reqs) for s in ("auto", "none"))
+    (fast, fast_done), (slow, slow_done) = (answers(engines[s], reqs) for s in ("always", "none"))
     for req in reqs:
         assert [t for t, _ in fast[req.id]] == [t for t, _ in slow[req.id]], req.id
         for (_, a), (_, b) in zip(fast[req.id], slow[req.id], strict=True):
@@ -151,7 +151,7 @@ def test_a_request_alone_verifies_its_drafts_on_the_single_sequence_loop(engines
     """Alone it stays on the single-sequence loop (a batch of one decodes at half its speed
     on a GPU) and verifies its drafts there once its answer copies: a step gives it
     several tokens, and the answer is the one without speculation."""
-    engine = engines["auto"]
+    engine = engines["always"]
     engine.add(ask(6, max_tokens=64))
     most = 0
     while engine.busy:
@@ -168,7 +168,7 @@ def test_a_verify_step_of_a_shape_not_run_yet_is_announced_once(backend) -> None
     shape's kernels first); a shape run before is not announced again."""
     from steward.worker.engine import Engine
 
-    engine = Engine(backend, 8, 0, speculate="auto")
+    engine = Engine(backend, 8, 0, speculate="always")
     said: list[int] = []
     engine.shaping = lambda: said.append(len(engine.verify_shapes))
     answers(engine, [ask(30, max_tokens=48)])
@@ -242,7 +242,7 @@ def test_a_draft_model_drafts_what_does_not_copy(backend) -> None:
     from steward.worker.engine import Engine
 
     engines = {
-        "auto": Engine(backend, 8, 0, draft=DraftModel(backend.model)),
+        "always": Engine(backend, 8, 0, speculate="always", draft=DraftModel(backend.model)),
         "none": Engine(backend, 8, 0, speculate="none"),
     }
     reqs = [ask(12, "Once upon a time", max_tokens=24), ask(13, "In the beginning", max_tokens=9)]
@@ -292,3 +292,14 @@ def test_a_prediction_is_followed_and_found_again_after_the_answer_leaves_it() -
     assert drafter.k == 8 and drafter.accepted == 4
     drafter.observe(8, 2)
     assert drafter.k == 3 and (drafter.accepted, drafter.rejected) == (6, 6)
+
+
+def test_on_a_gpu_a_verify_step_feeds_a_power_of_two_positions_a_row() -> None:
+    """Few shapes, each built once: the longest row's drafts are cut to one less than a
+    power of two, and every row to that."""
+    assert shaped({}) == {}
+    assert shaped({1: [5], 2: [6, 7]}) == {1: [5], 2: [6]}
+    assert shaped({1: [5, 6, 7], 2: [1]}) == {1: [5, 6, 7], 2: [1]}
+    drafts = {1: list(range(6)), 2: list(range(12)), 3: list(range(16))}
+    assert {uid: len(d) for uid, d in shaped(drafts).items()} == {1: 6, 2: 12, 3: 15}
+    assert {len(shaped({1: [0] * m})[1]) + 1 for m in range(1, 17)} == {2, 4, 8, 16}
