@@ -109,3 +109,11 @@ def machine(hosts: Sequence[RankHost], rank: int) -> str:
     ssh), else its host."""
     host = hosts[rank]
     return HERE if rank == 0 or not host.remote else host.ssh
+
+
+def holder(hosts: Sequence[RankHost], place: RankPlace) -> str:
+    """The memory a rank's part of the model takes: its host's, shared by the host's ranks
+    (a CPU's, a Mac's unified memory), or on nccl its own GPU's."""
+    gpu = dict(place.env).get("CUDA_VISIBLE_DEVICES")
+    where = machine(hosts, place.rank)
+    return f"{where} GPU {gpu}" if gpu else where

@@ -41,7 +41,7 @@ from pathlib import Path
 import msgspec
 
 from steward.ranks.child import spawn_rank
-from steward.ranks.formation import LOCAL, form, machine, release
+from steward.ranks.formation import LOCAL, form, holder, release
 from steward.ranks.remote import SSH_FAILED, SshRank
 from steward.ranks.room import tightest
 from steward.wire.channel import AsyncChannel
@@ -73,7 +73,7 @@ class Rank:
     place: RankPlace
     process: BaseProcess | SshRank  # an ssh client holds a remote rank
     host: str  # as the hostfile names it (its `ssh`); local ranks: 127.0.0.1
-    machine: str  # where it runs: here (127.0.0.1) unless it is started over ssh
+    holder: str  # the memory its part takes: its host's, or its GPU's (formation.py)
     pid: int | None = None  # on its host; a remote rank's is known from its pulses
     joined: bool = False
     serving: bool = False
@@ -152,8 +152,8 @@ class RankGroup:
             else:
                 process = spawn_rank(place, settings, line, None, [feeds[place.rank - 1][1]])
             pid = None if isinstance(process, SshRank) else process.pid  # remote: its pulses'
-            on = machine(hosts, place.rank)
-            ranks.append(Rank(place, process, host.ssh, on, pid=pid))
+            held = holder(hosts, place)
+            ranks.append(Rank(place, process, host.ssh, held, pid=pid))
         for sock in [theirs, *(s for pair in feeds for s in pair), *(s for _, s in lines)]:
             sock.close()
         channel = await AsyncChannel.open(ours)
@@ -195,7 +195,7 @@ class RankGroup:
         deadline = time.monotonic() + SILENCE
         while not all(rank.memory for rank in self.ranks) and time.monotonic() < deadline:
             await asyncio.sleep(WATCH)
-        return tightest(part, [(rank.machine, rank.memory) for rank in self.ranks])
+        return tightest(part, [(rank.holder, rank.memory) for rank in self.ranks])
 
     def state(self) -> list[dict[str, object]]:
         now = time.monotonic()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from steward.ranks import formation
-from steward.ranks.formation import form, release
+from steward.ranks.formation import form, holder, release
 from steward.wire.ranks import HERE, RankHost, RankPlace
 
 LOCAL = (RankHost(HERE, ("127.0.0.1",)),) * 2
@@ -79,6 +79,17 @@ def test_jaccl_reads_a_coordinator_and_the_hosts_rdma_devices(tmp_path: Path) ->
     devices = json.loads(Path(env["MLX_IBV_DEVICES"]).read_text())
     assert devices == [[None, "rdma_en3"], ["rdma_en3", None]]
     assert "MLX_HOSTFILE" not in env and "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_what_holds_a_ranks_part_is_its_host_or_on_nccl_its_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory a spare group's copy must fit beside the serving group's (ranks/room.py)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = (MACS[0], MACS[1], MACS[1])
+    assert [holder(gpus, p) for p in placed(gpus, "ring", tmp_path)] == [HERE, "mac2", "mac2"]
+    on_gpus = [holder(gpus, p) for p in placed(gpus, "nccl", tmp_path)]
+    assert on_gpus == [f"{HERE} GPU 0", "mac2 GPU 0", "mac2 GPU 1"]
 
 
 class Kernel:

@@ -124,9 +124,9 @@ def test_auto_counts_the_ranks_on_each_host_and_each_hosts_memory() -> None:
         2 * gib, 16 * gib, "on 127.0.0.1 (2 ranks)"
     )
     hosts = [("127.0.0.1", 64 * gib), ("mac2", 8 * gib), ("mac3", 16 * gib)]
-    assert tightest(gib, hosts) == Room(gib, 8 * gib, "on mac2 (1 rank), the tightest of 3 hosts")
+    assert tightest(gib, hosts) == Room(gib, 8 * gib, "on mac2 (1 rank), the tightest of 3")
     unknown = tightest(gib, [("127.0.0.1", 64 * gib), ("mac2", 0)])
     assert (unknown.memory_bytes, unknown.where) == (
         0,
-        "on mac2 (1 rank), the tightest of 2 hosts, whose memory its ranks have not said",
+        "on mac2 (1 rank), the tightest of 2, whose memory its ranks have not said",
     )
