@@ -190,8 +190,8 @@ class RankGroup:
         return msg
 
     async def _room(self, part: int) -> Room:
-        """Where a second copy is tightest, once every rank has said its memory (each does
-        before it joins; its pulse may still be on its way: `SILENCE` s at most)."""
+        """Where a second copy is tightest, once every rank has said its memory (each says
+        it as it joins; its pulse may still be on its way: `SILENCE` s at most)."""
         deadline = time.monotonic() + SILENCE
         while not all(rank.memory for rank in self.ranks) and time.monotonic() < deadline:
             await asyncio.sleep(WATCH)

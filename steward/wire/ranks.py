@@ -8,8 +8,8 @@ only from its pulses). Only a serving rank's silence means
 it is stopped or wedged: MLX's `mx.distributed.init` holds the GIL while it waits for the
 peers, and so do native imports and loads (measured: a rank silent for over 3 s while it
 imported, on a loaded machine), while a serving rank's beats go on even inside a
-collective (`mx.eval` releases the GIL). The pulse also carries its device's memory, once
-MLX is imported: a remote host's is known from its rank alone, and whether a spare group
+collective (`mx.eval` releases the GIL). The pulse also carries its device's memory, from
+when it has joined: a remote host's is known from its rank alone, and whether a spare group
 fits is decided from every host's (ranks/room.py).
 """
 

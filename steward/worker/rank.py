@@ -51,9 +51,9 @@ def run(
     if not mx.distributed.is_available(place.backend):
         _unavailable(place, sock, feeds, mx.__version__)
         return
-    _, device, working_set = main.memory()
-    pulse.memory = working_set or device  # the standby's choice counts every host's
     group = mx.distributed.init(strict=True, backend=place.backend)
+    _, device, working_set = main.memory()  # once joined: the device is the backend's to set
+    pulse.memory = working_set or device  # the standby's choice counts every host's
     pulse.joined = True
     mx.random.seed(settings.generation)  # unseeded sampling draws alike on every rank
     if place.rank == 0:
