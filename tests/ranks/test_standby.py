@@ -12,8 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from msgspec.structs import astuple
 
 from steward.ranks.room import tightest
+from steward.supervisor.standby import choose
 from steward.wire.protocol import Room
 from tests.conftest import Server, until
 from tests.ranks.test_ranks import gone, hit_mid_stream, serving_again
@@ -124,7 +126,13 @@ def test_auto_counts_the_ranks_on_each_host_and_each_hosts_memory() -> None:
         2 * gib, 16 * gib, "on 127.0.0.1 (2 ranks)"
     )
     hosts = [("127.0.0.1", 64 * gib), ("mac2", 8 * gib), ("mac3", 16 * gib)]
-    assert tightest(gib, hosts) == Room(gib, 8 * gib, "on mac2 (1 rank), the tightest of 3")
+    room = tightest(gib, hosts)
+    assert room == Room(gib, 8 * gib, "on mac2 (1 rank), the tightest of 3")
+    sizes = "two copies of the model take 2.0 of 8.0 GiB on mac2 (1 rank), the tightest of 3"
+    assert choose("auto", *astuple(room)) == ("hot", f"auto: {sizes}, within 50%")
+    tight = tightest(3 * gib, hosts)  # 6 of mac2's 8 GiB: hot only where asked for
+    assert choose("auto", *astuple(tight))[0] == "warm"
+    assert choose("hot", *astuple(tight))[0] == "hot"
     unknown = tightest(gib, [("127.0.0.1", 64 * gib), ("mac2", 0)])
     assert (unknown.memory_bytes, unknown.where) == (
         0,
