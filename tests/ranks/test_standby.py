@@ -102,7 +102,9 @@ def test_a_hung_rank_fails_over_to_the_hot_spare_group(hot: Server) -> None:
 
 
 def test_a_warm_spare_group_loads_on_every_rank_when_promoted(tiny_model: Path) -> None:
-    """And stopping the front leaves no rank of either group."""
+    """After a killed rank, and after a hung one, whose suspicion has the warm spare group
+    load at once (it races the suspect, failover.py); stopping the front leaves no rank of
+    either group."""
     server = group_with(tiny_model, "warm")
     try:
         standby = spare_ready(server)["standby"]
@@ -110,6 +112,9 @@ def test_a_warm_spare_group_loads_on_every_rank_when_promoted(tiny_model: Path) 
         assert all(r["joined"] and not r["serving"] for r in standby["ranks"])  # no model
         old, spare = promoted(server, signal.SIGKILL)
         health = spare_ready(server, old | spare)
+        assert health["standby"]["mode"] == "warm"
+        stopped, spare = promoted(server, signal.SIGSTOP)
+        health = spare_ready(server, old | stopped | spare)
         assert health["standby"]["mode"] == "warm"
     finally:
         code = server.stop()
