@@ -115,16 +115,23 @@ def test_extends_the_timeout_while_loading(listener, monkeypatch) -> None:
     sup = supervisor(State.STARTING)
     notifier = Notifier(sup, path)
 
+    extend = ["WATCHDOG=1", "EXTEND_TIMEOUT_USEC=30000000"]
+    grams: list[list[str]] = []
+
+    async def sent(check: Callable[[], bool]) -> None:
+        while not check():
+            grams.extend(received(sock))
+            await asyncio.sleep(0.01)
+
     async def main() -> None:
         task = asyncio.ensure_future(notifier.run(lambda: True))
-        await asyncio.sleep(0.35)
+        await sent(lambda: grams.count(extend) >= 3)
         sup.state = State.READY
-        await asyncio.sleep(0.35)
+        await sent(lambda: grams[-1] == ["WATCHDOG=1"])
         task.cancel()
 
-    asyncio.run(main())
-    grams = received(sock)
-    extend = ["WATCHDOG=1", "EXTEND_TIMEOUT_USEC=30000000"]
+    asyncio.run(asyncio.wait_for(main(), 10))
+    grams.extend(received(sock))
     assert grams[0] == extend
     assert 3 <= grams.count(extend) <= 5
     assert grams[-1] == ["WATCHDOG=1"]

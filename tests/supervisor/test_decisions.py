@@ -219,7 +219,7 @@ def test_a_drain_waits_for_the_suspects_of_a_fault_being_handled():
     async def scenario() -> None:
         supervisor, struck, loads = await struck_while_replaced()
         draining = asyncio.ensure_future(supervisor.stop(30.0, asyncio.Event()))
-        await asyncio.sleep(0.05)
+        await until(lambda: supervisor.state is State.STOPPING)  # it has looked for work left
         assert not draining.done() and not struck.finished
         loads.set()
         await answered(struck)

@@ -14,25 +14,32 @@ def request(req_id: int, prompt: str) -> Generate:
     return Generate(id=req_id, seq=req_id, attempt=1, max_tokens=4, prompt=prompt)
 
 
-def slow(seconds: dict[str, float], release: threading.Event | None = None):
-    """An encoder taking `seconds[prompt]`, or until `release` for the prompt "held"."""
+def slow(
+    seconds: dict[str, float],
+    release: threading.Event | None = None,
+    encoded: threading.Event | None = None,
+):
+    """An encoder taking `seconds[prompt]`, or until `release` for the prompt "held";
+    `encoded` is set once a prompt other than "held" is encoded."""
 
     def encode(req: Generate) -> tuple[int, str]:
         if req.prompt == "held" and release is not None:
             release.wait(10)
         time.sleep(seconds.get(req.prompt or "", 0.0))
+        if req.prompt != "held" and encoded is not None:
+            encoded.set()
         return req.id, "encoded"
 
     return encode
 
 
 def test_a_request_still_encoding_holds_its_cancel_and_everything_after() -> None:
-    release = threading.Event()
-    inbox = Inbox(slow({}, release))
+    release, quick = threading.Event(), threading.Event()
+    inbox = Inbox(slow({}, release, quick))
     inbox.put(request(1, "held"), request=True)
     inbox.put(Cancel(1))
     inbox.put(request(2, "quick"), request=True)
-    time.sleep(0.2)  # the quick one is encoded by now
+    assert quick.wait(10)  # the quick one is encoded
     assert inbox.take(wait=False) == []
     release.set()
     taken = inbox.take(wait=True)
