@@ -477,7 +477,7 @@ class Engine:
         drafter = member.drafter
         if solo.pending is None or solo.processors or drafter is None:
             return []
-        if not self.speculation.allows(ALONE):
+        if not self.speculation.allows(ALONE):  # its verify steps do not pay (payoff.py)
             return []
         left = solo.max_tokens - member.new - 1  # after the token it feeds
         return self.speculation.drafts([(0, drafter, left)], 1).get(0, [])
