@@ -150,14 +150,16 @@ def test_greedy_seeded_logprobs_and_stops_answer_as_without_speculation(engines)
 def test_a_request_alone_verifies_its_drafts_on_the_single_sequence_loop(engines) -> None:
     """Alone it stays on the single-sequence loop (a batch of one decodes at half its speed
     on a GPU) and verifies its drafts there once its answer copies: a step gives it
-    several tokens, and the answer is the one without speculation."""
+    several tokens, the next verify step queued before they are read back (a step kept
+    whole leaves that one in flight), and the answer is the one without speculation."""
     engine = engines["always"]
     engine.add(ask(6, max_tokens=64))
-    most = 0
+    most, ahead = 0, 0
     while engine.busy:
         assert not engine.members  # never a row of the batch
         most = max(most, sum(token.token >= 0 for token in engine.step().tokens))
-    assert most > 1
+        ahead += engine.solo is not None and engine.solo[1].flight is not None
+    assert most > 1 and ahead > 0
     (done,) = same_answers(engines, [ask(6, max_tokens=64)]).values()
     assert done.accepted_prediction_tokens > 0
 
