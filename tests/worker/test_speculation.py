@@ -252,6 +252,27 @@ def test_a_draft_model_drafts_what_does_not_copy(backend) -> None:
     assert dones[12].accepted_prediction_tokens >= 12
 
 
+def test_a_draft_models_reads_padded_to_a_power_of_two_draft_its_greedy_tokens(backend) -> None:
+    """Reads of any length (a prompt in parts, then the tokens an answer kept) are fed
+    padded to a power of two and the padding trimmed: the drafts are the model's greedy
+    continuation all the same, and the cache holds the tokens read, nothing more."""
+    from mlx_lm.generate import generate_step
+
+    from steward.worker.draft_model import DraftModel
+
+    tokens = backend.tokenizer.encode("Once upon a time, in a land far away, there")
+    greedy = [
+        int(t) for (t, _), _ in zip(generate_step(mx.array(tokens), backend.model), range(12))
+    ]
+    reader = DraftModel(backend.model).reader(lambda: 5)  # a prompt read 5 tokens at a time
+    while not (drafts := reader.continuation(tokens, 6)):
+        pass
+    assert drafts == greedy[:6]
+    answer = tokens + greedy[:3]  # three kept: read again from there
+    assert reader.continuation(answer, 6) == greedy[3:9]
+    assert reader.held == answer and reader.cache[0].offset == len(answer)
+
+
 def test_lookup_drafts_only_while_the_answer_copies() -> None:
     """Three guessed tokens in a row turn drafting on; guesses that fail turn it off."""
     drafter = Drafter([1, 2, 3, 4, 5, 6, 7, 8], [], resumed=False)
