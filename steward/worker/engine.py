@@ -463,8 +463,11 @@ class Engine:
             if solo.processors and member.drafter is not None and member.drafter.drafting:
                 self._handover()  # its text copies: it drafts in the batch, grammar and all
         seconds = time.perf_counter() - started - waited
+        # A verify step is steady where it queued the next as it landed: the last of a run
+        # launched nothing ahead, as the first decode step after verifying waits for nothing.
         verified = solo.landed is not None
-        self.speculation.measured(ALONE, seconds, 1, len(token_drawn), verified, not new)
+        steady = not new and (solo.queued or not verified)
+        self.speculation.measured(ALONE, seconds, 1, len(token_drawn), verified, steady)
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn
 
