@@ -164,6 +164,42 @@ def test_a_request_alone_verifies_its_drafts_on_the_single_sequence_loop(engines
     assert done.accepted_prediction_tokens > 0
 
 
+@pytest.mark.parametrize("then", ["joins", "cancelled"])
+def test_a_verify_step_in_flight_is_dropped_when_the_request_leaves_the_loop(
+    engines, then: str
+) -> None:
+    """A request alone with a verify step in flight, when another arrives (it goes on in
+    the batch) or when it is cancelled (its cache is kept for the next turn): the step
+    queued ahead is dropped with its cache. The answers, and the next request's that finds
+    the kept cache, are those without speculation."""
+    engine, plain = engines["always"], engines["none"]
+    first, second = ask(40, max_tokens=64), ask(41, prompt="Once upon a time", max_tokens=24)
+    expected = {i: [t for t, _ in got] for i, got in answers(plain, [first, second])[0].items()}
+    engine.add(first)
+    got: dict[int, list[int]] = {40: [], 41: []}
+
+    def step() -> None:
+        for token in engine.step().tokens:
+            if token.token >= 0:
+                got[token.id].append(token.token)
+
+    while engine.solo is None or engine.solo[1].flight is None:
+        step()
+    if then == "joins":
+        engine.add(second)
+        while engine.busy:
+            step()
+        assert got == expected
+        return
+    engine.cancel(first.id)
+    while engine.busy:
+        step()
+    assert got[40] == expected[40][: len(got[40])]
+    text = engine.backend.tokenizer.decode(got[40])
+    again = ask(42, prompt=COPYING + text, max_tokens=16)  # its prefix is the cache kept
+    assert answers(engine, [again])[0][42] == answers(plain, [again])[0][42]
+
+
 def test_a_verify_step_of_a_shape_not_run_yet_is_announced_once(backend) -> None:
     """Before a verify step whose shape (alone or batched, rows, positions a row) the
     worker has not run, the engine says so (the worker sends `Shaping`: MLX builds the
@@ -262,7 +298,10 @@ def test_a_draft_models_reads_padded_to_a_power_of_two_draft_its_greedy_tokens(b
 
     tokens = backend.tokenizer.encode("Once upon a time, in a land far away, there")
     greedy = [
-        int(t) for (t, _), _ in zip(generate_step(mx.array(tokens), backend.model), range(12))
+        int(t)
+        for (t, _), _ in zip(
+            generate_step(mx.array(tokens), backend.model), range(12), strict=False
+        )
     ]
     reader = DraftModel(backend.model).reader(lambda: 5)  # a prompt read 5 tokens at a time
     while not (drafts := reader.continuation(tokens, 6)):
