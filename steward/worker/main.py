@@ -198,6 +198,9 @@ def _engine(
     kept = calibration.name_here(settings) if gpu else ""
     given = settings.calibration or (calibration.stored(kept) if gpu else None)
     draft = _draft(settings)
+    if draft is not None and gpu:
+        with phases.timed("draft"):
+            draft.warm()
 
     def new(width: int) -> Engine:
         cache_bytes, speculate = settings.prompt_cache_bytes, settings.speculate

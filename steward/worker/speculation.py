@@ -31,6 +31,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from steward.worker.chunks import BUDGET
+from steward.worker.draft_model import MOST
 from steward.worker.payoff import Kind, Payoff
 
 if TYPE_CHECKING:
@@ -197,20 +198,28 @@ class Speculation:
 
     def readable(self) -> int:
         """Prompt tokens the draft model may read in a step: what the target prefills in a
-        prefill chunk's time budget (the draft model is the smaller), once measured."""
+        prefill chunk's time budget (the draft model is the smaller), once measured; never
+        more than the shapes it warmed."""
         rate = self.chunks.rate
-        return max(1, int(rate * BUDGET)) if rate else FIRST_READ
+        return min(max(1, int(rate * BUDGET)), MOST) if rate else FIRST_READ
 
     def allows(self, of: Kind) -> bool:
         """Whether a step of this kind may verify drafts at all."""
         return self.on and (self.payoff is None or self.payoff.allows(of))
 
     def measured(
-        self, of: Kind, seconds: float, rows: int, tokens: int, verified: bool, steady: bool
+        self,
+        of: Kind,
+        seconds: float,
+        rows: int,
+        tokens: int,
+        verified: bool,
+        prefilled: bool = False,
+        new: bool = False,
     ) -> None:
         """A step taken, for the judgement of its kind (payoff.py)."""
         if self.on and self.payoff is not None:
-            self.payoff.measured(of, seconds, rows, tokens, verified, steady)
+            self.payoff.measured(of, seconds, rows, tokens, verified, prefilled, new)
 
     def drafts(
         self, rows: list[tuple[int, Drafter, int]], width: int, skip: int = 0

@@ -291,7 +291,8 @@ def test_a_draft_model_drafts_what_does_not_copy(backend) -> None:
 def test_a_draft_models_reads_padded_to_a_power_of_two_draft_its_greedy_tokens(backend) -> None:
     """Reads of any length (a prompt in parts, then the tokens an answer kept) are fed
     padded to a power of two and the padding trimmed: the drafts are the model's greedy
-    continuation all the same, and the cache holds the tokens read, nothing more."""
+    continuation all the same, and the cache holds the tokens read, nothing more; warming
+    every shape first (as a worker on a GPU does) leaves nothing behind."""
     from mlx_lm.generate import generate_step
 
     from steward.worker.draft_model import DraftModel
@@ -303,7 +304,9 @@ def test_a_draft_models_reads_padded_to_a_power_of_two_draft_its_greedy_tokens(b
             generate_step(mx.array(tokens), backend.model), range(12), strict=False
         )
     ]
-    reader = DraftModel(backend.model).reader(lambda: 5)  # a prompt read 5 tokens at a time
+    draft = DraftModel(backend.model)
+    draft.warm()
+    reader = draft.reader(lambda: 5)  # a prompt read 5 tokens at a time
     while not (drafts := reader.continuation(tokens, 6)):
         pass
     assert drafts == greedy[:6]
