@@ -55,7 +55,7 @@ from steward.worker.grammar import RESIDENT, Drafted, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
 from steward.worker.outputs import Drawn, Outputs, Row
-from steward.worker.payoff import Kind, kind_of
+from steward.worker.payoff import Kind, Taken, kind_of
 from steward.worker.prepared import Prepared, prepared
 from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
@@ -295,9 +295,8 @@ class Engine:
                 self._remember(out.all_tokens, out.prompt_cache, member.req)
                 self._forget(out.uid)
         seconds = time.perf_counter() - started - waited
-        verified = self.width > 1
-        wall = self._wall()
-        self.speculation.measured(of, wall, decoded, len(outputs), verified, prefill > 0, new)
+        taken = Taken(self._wall(), decoded, len(outputs), self.width > 1, prefill > 0, new)
+        self.speculation.measured(of, taken)
         planned = self.chunks.planned(self.batch)
         drawn.clock = StepClock(decoded, prefill, seconds, new, planned)
         return drawn
@@ -444,7 +443,7 @@ class Engine:
             new = self._met((True, 0, 0, 1, solo.prefill_step))
             seconds = time.perf_counter() - started - waited
             self.chunks.observe(prefill, seconds, timed=not new)
-            self.speculation.measured(ALONE, self._wall(), 1, 0, False, prefilled=True)
+            self.speculation.measured(ALONE, Taken(self._wall(), 1, 0, False, prefilled=True))
             drawn.prefilled = [member.req.id]
             drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
             return drawn
@@ -466,7 +465,8 @@ class Engine:
                 self._handover()  # its text copies: it drafts in the batch, grammar and all
         seconds = time.perf_counter() - started - waited
         verified = solo.landed is not None
-        self.speculation.measured(ALONE, self._wall(), 1, len(token_drawn), verified, new=new)
+        taken = Taken(self._wall(), 1, len(token_drawn), verified, new=new)
+        self.speculation.measured(ALONE, taken)
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn
 

@@ -30,6 +30,7 @@ anew. Decode steps taken meanwhile (members that drafted nothing) measure it too
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 WINDOW = 16  # steps of one sort a measure is taken over
 FRESH = 256  # verify steps between two measures of the decode steps
@@ -41,6 +42,19 @@ Kind = tuple[bool, int]  # (alone, rows rounded up to a power of two)
 
 def kind_of(alone: bool, rows: int) -> Kind:
     return alone, 1 << max(rows - 1, 0).bit_length()
+
+
+class Taken(NamedTuple):
+    """A step as judged: `tokens` given to `rows` rows in `seconds` (wall clock, since the
+    step before); `verified`: drafts; `prefilled`: it prefilled too; `new`: its shape was
+    met for the first time."""
+
+    seconds: float
+    rows: int
+    tokens: int
+    verified: bool
+    prefilled: bool = False
+    new: bool = False
 
 
 @dataclass
@@ -91,29 +105,19 @@ class Payoff:
             return False
         return self.steps >= ledger.paused_until
 
-    def measured(
-        self,
-        of: Kind,
-        seconds: float,
-        rows: int,
-        tokens: int,
-        verified: bool,
-        prefilled: bool = False,
-        new: bool = False,
-    ) -> None:
-        """A step of this kind: `tokens` given to `rows` rows in `seconds` (wall clock,
-        since the step before), `verified`: drafts; `prefilled`: it prefilled too; `new`:
-        its shape was met for the first time."""
+    def measured(self, of: Kind, step: Taken) -> None:
+        """A step of this kind taken."""
         self.steps += 1
         ledger = self.ledgers.setdefault(of, Ledger())
-        if prefilled or not rows or not tokens:
+        if step.prefilled or not step.rows or not step.tokens:
             return
-        if not verified:
-            if not new and (cost := ledger.decoding.add(seconds, tokens / rows)) is not None:
+        per_row = step.tokens / step.rows
+        if not step.verified:
+            if not step.new and (cost := ledger.decoding.add(step.seconds, per_row)) is not None:
                 ledger.decode, ledger.since_decode = cost, 0
             return
         ledger.since_decode += 1
-        if (cost := ledger.verifying.add(seconds, tokens / rows)) is not None:
+        if (cost := ledger.verifying.add(step.seconds, per_row)) is not None:
             ledger.verify = cost
             self._judge(ledger)
 

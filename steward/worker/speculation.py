@@ -32,7 +32,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from steward.worker.chunks import BUDGET
 from steward.worker.draft_model import MOST
-from steward.worker.payoff import Kind, Payoff
+from steward.worker.payoff import Kind, Payoff, Taken
 
 if TYPE_CHECKING:
     from steward.wire.protocol import Generate
@@ -207,19 +207,10 @@ class Speculation:
         """Whether a step of this kind may verify drafts at all."""
         return self.on and (self.payoff is None or self.payoff.allows(of))
 
-    def measured(
-        self,
-        of: Kind,
-        seconds: float,
-        rows: int,
-        tokens: int,
-        verified: bool,
-        prefilled: bool = False,
-        new: bool = False,
-    ) -> None:
+    def measured(self, of: Kind, step: Taken) -> None:
         """A step taken, for the judgement of its kind (payoff.py)."""
         if self.on and self.payoff is not None:
-            self.payoff.measured(of, seconds, rows, tokens, verified, prefilled, new)
+            self.payoff.measured(of, step)
 
     def drafts(
         self, rows: list[tuple[int, Drafter, int]], width: int, skip: int = 0

@@ -10,7 +10,7 @@ import pytest
 
 from steward.wire.faultspec import parse
 from steward.wire.protocol import Generate
-from steward.worker.payoff import FIRST_PAUSE, FRESH, WINDOW, Payoff, kind_of
+from steward.worker.payoff import FIRST_PAUSE, FRESH, WINDOW, Payoff, Taken, kind_of
 
 BATCH = kind_of(False, 8)
 DECODE = 0.010  # seconds of a decode step of BATCH (a token a row)
@@ -18,13 +18,13 @@ DECODE = 0.010  # seconds of a decode step of BATCH (a token a row)
 
 def decode(payoff: Payoff, steps: int = 1, seconds: float = DECODE, **flags: bool) -> None:
     for _ in range(steps):
-        payoff.measured(BATCH, seconds, 8, 8, verified=False, **flags)
+        payoff.measured(BATCH, Taken(seconds, 8, 8, verified=False, **flags))
 
 
 def verify(payoff: Payoff, tokens: int, steps: int = 1, seconds: float = 0.020, **flags) -> None:
     """Verify steps of the 8 rows that gave `tokens` in all, in `seconds` each."""
     for _ in range(steps):
-        payoff.measured(BATCH, seconds, 8, tokens, verified=True, **flags)
+        payoff.measured(BATCH, Taken(seconds, 8, tokens, verified=True, **flags))
 
 
 def known(seconds: float = DECODE) -> Payoff:
