@@ -170,7 +170,8 @@ def run(servers: list[Server], args: argparse.Namespace) -> dict[tuple[str, str,
             for _, _, _, mode, _ in here:
                 speed = statistics.median(results[workload, mode, c].decode or [0])
                 errors = len(results[workload, mode, c].errors)
-                print(f"  {workload:5} {mode:12} c={c}: {speed:.1f} tok/s/request errors {errors}")
+                line = f"  {workload:5} {mode:12} c={c}: {speed:.1f} tok/s/request errors {errors}"
+                print(line, flush=True)
     finally:
         for server in servers:
             server.proc.terminate()
@@ -246,7 +247,7 @@ def main() -> None:
         base = results.get((workload, "off", c))
         ratio = speed / statistics.median(base.decode or [float("nan")]) if base else float("nan")
         print(
-            f"{workload:10}{mode:16}{c:>4}{speed:>18.1f}{r.tokens / r.wall:>11.1f}"
+            f"{workload:10}{mode:16}{c:>4}{speed:>18.1f}{r.tokens / (r.wall or 1):>11.1f}"
             f"{r.acceptance:>12.2f}{ratio:>8.2f}  {len(r.errors)}"
         )
 

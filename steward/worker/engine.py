@@ -171,6 +171,8 @@ class Engine:
         """Join the batch (and how many tokens it prefills: its prompt and resumed answer,
         less what the prompt cache holds), or the request's own 400 (it cannot be prepared
         or fit)."""
+        if not self.busy:  # what it waited idle is no step's (a prompt all cached decodes at once)
+            self.stepped = time.perf_counter()
         ready = req if isinstance(req, Prepared) else self.prepare(req)
         req, backend = ready.req, self.backend
         try:
@@ -471,8 +473,9 @@ class Engine:
         return drawn
 
     def _wall(self) -> float:
-        """Seconds since the step before ended: a step's cost as the requests see it, its
-        waits and the worker's work between steps too (payoff.py)."""
+        """Seconds since the step before ended, or since a request came to an idle engine:
+        a step's cost as the requests see it, its waits and the worker's work between
+        steps too (payoff.py)."""
         before, self.stepped = self.stepped, time.perf_counter()
         return self.stepped - before
 

@@ -117,6 +117,8 @@ class Payoff:
                 ledger.decode, ledger.since_decode = cost, 0
             return
         ledger.since_decode += 1
+        if ledger.since_decode == FRESH:  # measured anew: nothing of an older window
+            ledger.decoding = Window()
         if (cost := ledger.verifying.add(step.seconds, per_row)) is not None:
             ledger.verify = cost
             self._judge(ledger)

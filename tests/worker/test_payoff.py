@@ -99,6 +99,19 @@ def test_the_decode_steps_are_measured_again_every_so_many_verify_steps() -> Non
     assert payoff.allows(BATCH)  # judged against the decode steps measured anew: it pays
 
 
+def test_the_decode_steps_measured_anew_are_all_new() -> None:
+    """Decode steps taken while verifying (members that drafted nothing) that did not fill
+    a window are no part of the measure taken anew."""
+    payoff = known()
+    decode(payoff, WINDOW - 1, seconds=1.0)
+    verify(payoff, tokens=24, steps=FRESH)
+    decode(payoff)
+    assert not payoff.allows(BATCH)
+    decode(payoff, WINDOW - 1)
+    assert payoff.allows(BATCH)
+    assert payoff.ledgers[BATCH].decode == pytest.approx(DECODE)
+
+
 def test_a_verify_window_counts_its_slow_steps_its_new_shapes_too() -> None:
     """One verify step in a window that builds its kernels for a second outweighs the
     tokens the others gave: the window does not pay; a window that prefills is no measure."""
@@ -131,11 +144,29 @@ def run(engine, req: Generate) -> tuple[list[int], int]:
     return tokens, accepted
 
 
+def test_an_idle_engine_counts_no_wait_into_a_step(backend) -> None:
+    """A request whose prompt is all cached decodes at once on an idle engine: the seconds
+    it waited idle before are no part of that step's."""
+    import time
+
+    from steward.worker.engine import ALONE, Engine
+
+    engine = Engine(backend, 8, 1 << 24, speculate="auto")
+    first = Generate(id=1, seq=1, attempt=1, max_tokens=4, prompt=PROMPT)
+    run(engine, first)
+    time.sleep(2.0)
+    run(engine, Generate(id=2, seq=1, attempt=1, max_tokens=4, prompt=PROMPT))
+    payoff = engine.speculation.payoff
+    assert payoff is not None and payoff.ledgers[ALONE].decoding.steps >= 6
+    assert payoff.ledgers[ALONE].decoding.seconds < 1.5  # its steps, not the 2 s idle
+
+
 def test_an_engine_whose_verify_steps_do_not_pay_stops_drafting_and_answers_the_same(
     backend,
 ) -> None:
     """Each verify step sleeps 200 ms, far more than the tokens it gives are worth on the
-    tiny model: `auto` pauses after its trial, `always` verifies on, the answers match."""
+    tiny model: `auto` pauses after a window of them, `always` verifies on, the answers
+    match."""
     from steward.worker.engine import Engine
 
     def ask() -> Generate:
