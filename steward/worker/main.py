@@ -247,12 +247,12 @@ def _draft(settings: WorkerSettings) -> DraftModel | None:
     if settings.draft_model is None or settings.speculate == "none":
         return None
     from mlx_lm import load
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
 
     from steward.worker.draft_model import DraftModel
+    from steward.worker.speculation import rolls_back
 
     model, _ = load(settings.draft_model)
-    if not all(type(layer) is KVCache for layer in make_prompt_cache(model)):
+    if not rolls_back(model):
         raise ModelError(  # its reads are padded, then trimmed: a cache that keeps all
             f"the draft model {settings.draft_model} has layers whose cache cannot be rolled "
             "back (a sliding window or a state-space layer): a draft model must be plain "

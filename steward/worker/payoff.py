@@ -83,7 +83,6 @@ class Ledger:
     """One kind's measures and where its judgement stands."""
 
     decode: float | None = None  # seconds a token a row of its decode steps (None: unknown)
-    verify: float | None = None  # the same of its last window of verify steps
     decoding: Window = field(default_factory=Window)
     verifying: Window = field(default_factory=Window)
     since_decode: int = 0  # verify steps since its decode steps were measured
@@ -120,16 +119,16 @@ class Payoff:
         if ledger.since_decode == FRESH:  # measured anew: nothing of an older window
             ledger.decoding = Window()
         if (cost := ledger.verifying.add(step.seconds, per_row)) is not None:
-            ledger.verify = cost
-            self._judge(ledger)
+            self._judge(ledger, cost)
 
     def paused(self) -> list[Kind]:
         """The kinds whose verify steps did not pay, decoding plainly now."""
         return [of for of, ledger in self.ledgers.items() if self.steps < ledger.paused_until]
 
-    def _judge(self, ledger: Ledger) -> None:
-        assert ledger.decode is not None and ledger.verify is not None
-        if ledger.verify <= ledger.decode:
+    def _judge(self, ledger: Ledger, verify: float) -> None:
+        """A window of verify steps at `verify` seconds a token a row, against decoding."""
+        assert ledger.decode is not None
+        if verify <= ledger.decode:
             ledger.pause = FIRST_PAUSE
             return
         ledger.paused_until = self.steps + ledger.pause

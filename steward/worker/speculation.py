@@ -179,8 +179,7 @@ class Speculation:
     def __init__(
         self, model: Any, speculate: str, draft: DraftModel | None, chunks: Chunks
     ) -> None:
-        layers = make_prompt_cache(model)
-        self.on = speculate != "none" and all(type(c) is KVCache for c in layers)
+        self.on = speculate != "none" and rolls_back(model)
         self.payoff = Payoff() if speculate == "auto" else None
         self.draft = draft
         self.chunks = chunks  # the engine's prefill chunks: how fast a prompt is read
@@ -226,6 +225,12 @@ class Speculation:
             if (allowed := min(most, left)) > 0 and (drafted := drafter.propose(allowed, skip)):
                 drafts[uid] = drafted
         return shaped(drafts) if self.gpu else drafts
+
+
+def rolls_back(model: Any) -> bool:
+    """Whether a model's cache can be trimmed of the positions a verify step (or a draft
+    model's padding) did not keep: plain KV layers, no sliding window nor state."""
+    return all(type(layer) is KVCache for layer in make_prompt_cache(model))
 
 
 def shaped(drafts: dict[int, list[int]]) -> dict[int, list[int]]:
