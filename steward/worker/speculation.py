@@ -53,7 +53,9 @@ POSITIONS = 256  # on a GPU, a verify step's rows times its width, at most (padd
 # A CPU computes every position it verifies, at nearly a step's cost each: few drafts, so a
 # refused one costs little (docs/speculation.md has the measure).
 MOST_ON_CPU = 2
+FEW = 3  # positions a row that MLX's CUDA attention computes as it decodes (`shaped`)
 FIRST_READ = 16  # prompt tokens a draft model reads a step before prefill speed is measured
+BETS = 2  # verify steps in a row that kept every draft, before a member bets on the next
 
 
 class Ngrams:
@@ -81,6 +83,42 @@ class Ngrams:
         return ends[first] if first < last else ends[last - 1]
 
 
+class Source:
+    """A text the answer may copy (the prediction, or the prompt and answer so far), and
+    the place the answer is copying it from: while each token is the one there, the drafts
+    go on from there; where one is not, the place is found again by the answer's last
+    `ORDER` tokens, first at or past the old place (a file returned whole meets its lines
+    in order, though their like recur: twelve functions of one shape), else at their
+    latest occurrence (the latest text an agent has seen of a file)."""
+
+    def __init__(self, tokens: Sequence[int], following: bool, grows: bool) -> None:
+        """`grows`: the answer's own tokens are appended to it (the context)."""
+        self.text = Ngrams(tokens)
+        self.grows = grows
+        self.place = len(tokens) if grows else 0  # the text's token the answer is at
+        self.following = following  # the answer's last tokens were the text's before `place`
+
+    def advance(self, token: int) -> None:
+        """The answer's next token, before the text (if it is the answer's own) grows."""
+        if self.following:
+            tokens = self.text.tokens
+            self.following = self.place < len(tokens) and tokens[self.place] == token
+            self.place += self.following
+
+    def continuation(self, key: tuple[int, ...], count: int, before: int) -> list[int]:
+        """Up to `count` tokens from the answer's place, found again by `key` (of the
+        occurrences ending before `before`) where it is lost; in a text that grows, also
+        where the answer copies its own last tokens too closely for `count` (a line
+        repeated): an earlier occurrence that continues `count` tokens is then taken."""
+        text = self.text
+        short = self.grows and len(text.tokens) - self.place < count
+        if not self.following or short:
+            found = short and text.after(key, before - count + 1, near=self.place)
+            found = found or text.after(key, before, near=self.place)
+            self.place, self.following = found or self.place, found is not None
+        return text.tokens[self.place : self.place + count] if self.following else []
+
+
 class Drafter:
     """One member's drafts: from its prediction while the answer follows it, else by lookup
     in its prompt and answer, else from the draft model. Counts what its drafts kept, for
@@ -96,13 +134,12 @@ class Drafter:
         """`tokens`: the prompt and any answer resumed after a fault (`resumed`); `model`:
         the member's view of the draft model, if there is one."""
         self.model = model
-        self.context = Ngrams(tokens[-LOOKBACK:])  # the prompt, then each token of the answer
-        self.prediction = Ngrams(prediction) if prediction else None
-        self.place = 0  # the prediction's token the answer is at
-        self.following = not resumed  # the answer's last tokens were the prediction's
+        self.context = Source(tokens[-LOOKBACK:], following=False, grows=True)
+        self.prediction = Source(prediction, not resumed, grows=False) if prediction else None
         self.hits = 1.0 if prediction else 0.0
         self.k = FIRST_K
         self.kept = 1.0
+        self.streak = 0  # verify steps in a row that kept every draft
         self.resting = 0  # tokens to go before it drafts again
         self.rest = FIRST_REST  # how long its next rest is
         self.accepted = 0  # drafts the answer kept
@@ -122,11 +159,10 @@ class Drafter:
         guess = self._continuation(1)
         self.hits += HIT_WEIGHT * ((guess == [token]) - self.hits)
         self.resting = max(self.resting - 1, 0)
-        if self.prediction is not None and self.following:
-            predicted = self.prediction.tokens
-            self.following = self.place < len(predicted) and predicted[self.place] == token
-            self.place += self.following
-        self.context.append(token)
+        if self.prediction is not None:
+            self.prediction.advance(token)
+        self.context.advance(token)
+        self.context.text.append(token)
 
     def propose(self, room: int, skip: int = 0) -> list[int]:
         """Up to `room` tokens to follow the token the member feeds next, and `skip` more
@@ -134,13 +170,15 @@ class Drafter:
         on the bet that it keeps them all). The token fed next is not known yet (the step
         that draws it may still run), so the continuation's first token stands for it,
         and the continuation's next `skip` for those positions: the drafts are what
-        followed them."""
-        if not self.drafting:
+        followed them. It bets so only while its verify steps keep every draft (`BETS` in
+        a row): a step queued on a lost bet is a step's work thrown away, which on a GPU
+        whose steps are bound by the host costs as much as the step it hid."""
+        if not self.drafting or (skip and self.streak < BETS):
             return []
         count = 1 + skip + min(self.k, room)
         if self.copying or self.model is None:
             return self._continuation(count)[1 + skip :]
-        return self.model.continuation(self.context.tokens, count)[1 + skip :]
+        return self.model.continuation(self.context.text.tokens, count)[1 + skip :]
 
     def observe(self, offered: int, kept: int) -> None:
         """What a verify step kept of the drafts it was offered."""
@@ -148,26 +186,22 @@ class Drafter:
         self.rejected += offered - kept
         most = MOST_K[self.prediction is not None]
         self.k = min(2 * self.k, most) if kept == offered else max(1, kept + 1)
+        self.streak = self.streak + 1 if kept == offered else 0
         self.kept += KEPT_WEIGHT * (kept / offered - self.kept) if offered else 0.0
         if self.kept < KEPT_FLOOR:
             self.resting, self.rest = self.rest, min(2 * self.rest, LONGEST_REST)
             self.kept = 1.0  # judged afresh after the rest
 
     def _continuation(self, count: int) -> list[int]:
-        """The `count` tokens that followed the answer's last `ORDER` where they occurred
-        before: in the prediction first (until the answer is past its end), then in the
-        prompt and answer."""
-        tokens = self.context.tokens
+        """The `count` tokens that follow the answer's place in the prediction (until the
+        answer is past its end), else in the prompt and answer."""
+        tokens = self.context.text.tokens
         key = tuple(tokens[-ORDER:])
-        if self.prediction is not None:
-            if not self.following:  # found again where the answer's last tokens are
-                predicted = self.prediction
-                found = predicted.after(key, len(predicted.tokens) + 1, near=self.place)
-                self.place, self.following = found or self.place, found is not None
-            if self.following and self.place < len(self.prediction.tokens):
-                return self.prediction.tokens[self.place : self.place + count]
-        start = self.context.after(key, len(tokens))
-        return [] if start is None else tokens[start : start + count]
+        if self.prediction is not None and (
+            found := self.prediction.continuation(key, count, len(self.prediction.text.tokens) + 1)
+        ):
+            return found
+        return self.context.continuation(key, count, len(tokens))
 
 
 class Speculation:
@@ -234,13 +268,18 @@ def rolls_back(model: Any) -> bool:
 
 
 def shaped(drafts: dict[int, list[int]]) -> dict[int, list[int]]:
-    """`drafts` cut so that the verify step's positions a row (1 + its most drafts) are a
-    power of two: a GPU builds kernels for each new shape on its first step (seconds on the
-    H200, where a verify step of each of 2 to 17 positions at each width was a new shape),
-    and 2, 4, 8, 16 are few. Drafts cut cost a step's tokens, not its answer."""
+    """`drafts` cut so that the verify step's positions a row (1 + its most drafts) are 2
+    or 3, else a power of two: a GPU builds kernels for each new shape on its first step
+    (seconds on the H200, where each of 2 to 17 positions at each width was a new shape),
+    and few shapes are built few times. MLX's CUDA attention kernel for decoding takes up
+    to 3 positions; from 4 on, attention is computed by a few more operations a layer,
+    each launched by the host: a verify step of 4 positions cost 10.9 ms against 6.6 ms
+    for 3 and 5.0 ms for decoding, on the H200 (bf16 SmolLM2-135M, docs/speculation.md),
+    so 4 to 7 positions are cut to 3. Drafts cut cost a step's tokens, not its answer."""
     if not drafts:
         return drafts
-    keep = (1 << (1 + max(map(len, drafts.values()))).bit_length() - 1) - 1
+    positions = 1 + max(map(len, drafts.values()))
+    keep = (min(positions, FEW) if positions < 8 else 1 << positions.bit_length() - 1) - 1
     return {uid: drafted[:keep] for uid, drafted in drafts.items()}
 
 

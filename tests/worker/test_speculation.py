@@ -13,7 +13,7 @@ import pytest
 
 from steward.front.structured import grammar as compile_schema
 from steward.wire.protocol import Done, Generate
-from steward.worker.speculation import DRAFTING, Drafter, shaped
+from steward.worker.speculation import BETS, DRAFTING, Drafter, Source, shaped
 
 COPYING = "def area(w, h):\n    return w * h\n\n" * 6  # the tiny model's answer copies it
 
@@ -364,12 +364,39 @@ def test_a_prediction_is_followed_and_found_again_after_the_answer_leaves_it() -
     assert drafter.k == 3 and (drafter.accepted, drafter.rejected) == (6, 6)
 
 
-def test_on_a_gpu_a_verify_step_feeds_a_power_of_two_positions_a_row() -> None:
-    """Few shapes, each built once: the longest row's drafts are cut to one less than a
-    power of two, and every row to that."""
+def test_on_a_gpu_a_verify_step_feeds_few_positions_a_row() -> None:
+    """Few shapes, each built once: 2 or 3 positions a row (what MLX's CUDA attention
+    computes as it decodes), else the longest row's drafts cut to one less than a power of
+    two; every row to that."""
     assert shaped({}) == {}
-    assert shaped({1: [5], 2: [6, 7]}) == {1: [5], 2: [6]}
-    assert shaped({1: [5, 6, 7], 2: [1]}) == {1: [5, 6, 7], 2: [1]}
+    assert shaped({1: [5], 2: [6, 7]}) == {1: [5], 2: [6, 7]}
+    assert shaped({1: [5, 6, 7], 2: [1]}) == {1: [5, 6], 2: [1]}
     drafts = {1: list(range(6)), 2: list(range(12)), 3: list(range(16))}
     assert {uid: len(d) for uid, d in shaped(drafts).items()} == {1: 6, 2: 12, 3: 15}
-    assert {len(shaped({1: [0] * m})[1]) + 1 for m in range(1, 17)} == {2, 4, 8, 16}
+    assert {len(shaped({1: [0] * m})[1]) + 1 for m in range(1, 17)} == {2, 3, 8, 16}
+
+
+def test_a_copy_is_followed_in_order_past_text_of_the_same_shape() -> None:
+    """Three functions of one shape: the answer copying the second is drafted the second's
+    tokens, and once it leaves it (a renamed name), it is found again past that place,
+    not at the latest occurrence (the third)."""
+    text = [token for i in (1, 2, 3) for token in (1, 2, 3, 10 * i, 4, 5, 6)]
+    source = Source(text, following=False, grows=False)
+    assert source.continuation((4, 5, 6), 4, len(text)) == [1, 2, 3, 20]  # after the first
+    for token in (1, 2, 3):
+        source.advance(token)
+    assert source.continuation((4, 5, 6), 3, len(text)) == [20, 4, 5]
+    source.advance(99)  # the answer writes its own name
+    assert not source.following
+    assert source.continuation((99, 4, 5), 2, len(text)) == []  # nowhere: lost
+    assert source.continuation((4, 5, 6), 2, len(text)) == [1, 2]  # the third function's
+    assert source.place == 14
+
+
+def test_an_answer_repeating_its_last_tokens_is_drafted_a_whole_continuation() -> None:
+    """Text that repeats itself closely (one token over and over) is copied from an earlier
+    occurrence that goes on for the drafts wanted, not from just behind the answer."""
+    drafter = Drafter([1, 2, 3], [], resumed=False)
+    for token in [7] * 8:
+        drafter.extend(token)
+    assert drafter.drafting and drafter.propose(4) == [7, 7, 7, 7]
