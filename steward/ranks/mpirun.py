@@ -1,0 +1,124 @@
+"""The one `mpirun` (Open MPI) of a group on the mpi backend: MLX's mpi backend joins only
+ranks that mpirun started, so the group starts mpirun, and mpirun every rank, here and,
+through its daemon (`orted`) started over ssh, on the hostfile's other hosts. Each rank then
+meets steward for what every rank is given (mpirank.py), and is watched and killed by its
+pid as any rank is (group.py).
+
+mpirun runs in a session of its own (a Ctrl-C at the front's terminal drains, never cuts
+it); it puts each rank in a process group of its own, so its group alone is not the ranks.
+A group killed kills every rank by its pid first, so that mpirun, and each host's daemon,
+reap them and end the job themselves (mpirun aborts the job once one rank has gone, and
+kills the others at once: a rank ignores SIGTERM, mpirun's first word otherwise, for 1 s);
+what is left of mpirun's group after `KILLED` s is SIGKILLed. The front's death ends the
+ranks (their lines and feeds end), and mpirun with them.
+
+mpirun is told the hosts (each host's ranks in a row: it places a host's slots together),
+that the ranks may outnumber the cores (`--oversubscribe`, unbound, and a rank that waits in
+a collective yields its core: MPI's busy polling otherwise starves the front and rank 0's
+reader of a host's cores, and a request waited for the batch before it), and to carry MPI's
+messages over TCP between the hosts' `ips` alone (the loopback for `--ranks N`), as the ring
+backend does. It reaches other hosts with the ssh and the options remote ranks use
+(remote.py); it runs as root only where the front does (Open MPI refuses, unless told).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from itertools import groupby
+from pathlib import Path
+
+from steward.ranks.formation import machine
+from steward.ranks.remote import KEPT, SSH
+from steward.wire.ranks import RankHost
+
+MPIRUN = "mpirun"
+RANK = "steward.ranks.mpimeet"
+ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def missing(hosts: Sequence[RankHost]) -> str:
+    """Why mpirun cannot start a group on `hosts`: no Open MPI's mpirun here, or a host
+    whose ranks are not in a row; "" when it can."""
+    found = shutil.which(MPIRUN)
+    if found is None:
+        return f"{MPIRUN} is not on PATH (install Open MPI: apt-get install openmpi-bin)"
+    try:
+        said = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30)
+        version = said.stdout + said.stderr
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{found} --version failed: {error}"
+    if "Open MPI" not in version:
+        return f"{found} is not Open MPI's ({version.strip().splitlines()[0]})"
+    runs = [where for where, _ in groupby(_machines(hosts))]
+    if len(runs) != len(set(runs)):
+        return "mpirun places a host's ranks together: list each host's ranks in a row"
+    return ""
+
+
+def command(hosts: Sequence[RankHost], folder: Path, wait: float) -> list[str]:
+    """mpirun's command line: one rank on each of `hosts`, each to meet in `folder` within
+    `wait` s."""
+    slots = ",".join(f"{where}:{len(list(run))}" for where, run in groupby(_machines(hosts)))
+    ips = ",".join(sorted({f"{ip}/32" for host in hosts for ip in host.ips}))
+    return [
+        MPIRUN,
+        "-np", str(len(hosts)),
+        "--host", slots,
+        "--map-by", "slot",
+        "--bind-to", "none",
+        "--oversubscribe",
+        "--mca", "odls_base_sigkill_timeout", "0",  # SIGKILL, not SIGTERM then 1 s later
+        "--mca", "mpi_yield_when_idle", "1",  # a rank waiting in a collective lets others run
+        "--mca", "btl", "self,tcp",
+        "--mca", "btl_tcp_if_include", ips,
+        "--mca", "plm_rsh_agent", " ".join(SSH),
+        *(arg for name in KEPT if name in os.environ for arg in ("-x", name)),
+        sys.executable, "-m", RANK, str(folder), str(wait),
+    ]  # fmt: skip
+
+
+class Mpirun:
+    """A group's mpirun, started in a session of its own."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    @classmethod
+    def start(cls, hosts: Sequence[RankHost], folder: Path, wait: float) -> Mpirun:
+        env = {**os.environ, **(ROOT if os.geteuid() == 0 else {})}
+        process = subprocess.Popen(
+            command(hosts, folder, wait),
+            stdin=subprocess.DEVNULL,  # mpirun would hand its stdin to rank 0
+            env=env,
+            start_new_session=True,
+        )
+        return cls(process)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.poll()
+
+    def kill(self) -> None:
+        """SIGKILL what is left of mpirun's process group."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout)
+
+
+def _machines(hosts: Sequence[RankHost]) -> list[str]:
+    """Where each rank runs, as mpirun is told: here is the loopback's address."""
+    return [machine(hosts, rank) for rank in range(len(hosts))]
