@@ -134,15 +134,18 @@ def test_metrics_are_labelled_per_rank(group: Server) -> None:
         assert sample("steward_rank_since_progress_seconds", rank=rank, host="127.0.0.1") in series
 
 
-def hit_mid_stream(server: Server, fault: signal.Signals) -> tuple[list[dict], list[dict], float]:
-    """Three streams decoding when rank 1 gets `fault`: what each client saw, each prompt's
-    unfaulted answer, and how long the group took to be seen faulted."""
-    references = [stream(server.url, prompt, LONG) for prompt in PROMPTS]
+def hit_mid_stream(
+    server: Server, fault: signal.Signals, tokens: int = LONG, prompts: list[str] = PROMPTS
+) -> tuple[list[dict], list[dict], float]:
+    """Streams of `tokens` decoding, one for each of `prompts`, when rank 1 gets `fault`:
+    what each client saw, each prompt's unfaulted answer, and how long the group took to be
+    seen faulted."""
+    references = [stream(server.url, prompt, tokens) for prompt in prompts]
     before = server.health().json()
     victim = before["worker"]["ranks"][1]["pid"]
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        seen = [pool.submit(stream, server.url, prompt, LONG) for prompt in PROMPTS]
-        busy = server.until(lambda h: h["in_flight"] == len(PROMPTS), within=60)
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        seen = [pool.submit(stream, server.url, prompt, tokens) for prompt in prompts]
+        busy = server.until(lambda h: h["in_flight"] == len(prompts), within=60)
         steps = busy["worker"]["ranks"][0]["steps"]
         # two steps more with every stream in the batch: tokens are on their way to each
         server.until(lambda h: h["worker"]["ranks"][0]["steps"] >= steps + 2, within=60)
@@ -263,7 +266,6 @@ def test_sigterm_drains_a_group_and_leaves_no_rank(serve, tiny_model: Path) -> N
     ("args", "why"),
     [
         (["--distributed-backend", "jaccl"], "jaccl joins hosts over RDMA: give a --hostfile"),
-        (["--distributed-backend", "mpi"], "--distributed-backend mpi is not built"),
         (["--distributed-backend", "nccl"], "--distributed-backend nccl: MLX"),
         (["--ranks", "3"], "the model's attention heads do not divide over 3 ranks"),
         (["--parallel", "pipeline"], "--parallel pipeline: a llama model has no pipeline()"),

@@ -238,6 +238,9 @@ def test_auto_keeps_a_hot_spare_group_on_both_hosts(
     until(lambda: all(gone(pid) for pid in spare | behind), 10, "no process left on either host")
 
 
+MIXED = ["a", "b", "127.0.0.1"]  # here (rank 0's, whatever its name), there, here again
+
+
 @pytest.mark.parametrize(
     ("hosts", "args", "why"),
     [
@@ -246,7 +249,11 @@ def test_auto_keeps_a_hot_spare_group_on_both_hosts(
             [],
             "host 0 (a): rdma lists one device per host",
         ),
-        ({"backend": "mpi", "hosts": [{"ssh": "a", "ips": ["1.2.3.4"]}] * 2}, [], "mpi is not"),
+        (
+            {"backend": "mpi", "hosts": [{"ssh": h, "ips": ["1.2.3.4"]} for h in MIXED]},
+            [],
+            "mpirun places a host's ranks together: list each host's ranks in a row",
+        ),
         ([{"ssh": "a", "ips": ["1.2.3.4"]}] * 2, ["--ranks", "2"], "give one or the other"),
     ],
 )

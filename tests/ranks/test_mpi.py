@@ -1,0 +1,156 @@
+"""A model over two local ranks on MLX's `mpi` backend, started by one `mpirun` (Open MPI)
+and watched by steward rank by rank (docs/distributed.md): real mpirun, real ranks, real
+MPI collectives on this CPU, real signals.
+
+Skipped, saying so, where mpirun is missing, unless `STEWARD_RANKS_MPI_REQUIRED=1` (which
+`.ci/run` sets after installing `openmpi-bin`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from steward.ranks.group import GRACE, SILENCE, WATCH
+from tests.conftest import ROOT, Server, free_port, until
+from tests.ranks.test_ranks import (
+    LONG,
+    PROMPTS,
+    completion,
+    dialects,
+    every_rank_serving,
+    hit_mid_stream,
+    ranks,
+    serving_again,
+)
+from tests.supervisor.test_resume import assert_whole, stream
+
+REQUIRED = os.environ.get("STEWARD_RANKS_MPI_REQUIRED") == "1"
+MPI = ["--distributed-backend", "mpi"]
+# tokens a faulted stream asks for: the tiny model decodes faster over MPI than over the
+# ring, and three streams of `LONG` could end between two looks at /health
+LONGER = 8 * LONG
+# Each fault's streams of their own: rank 0 has no lost-peer error to report on mpi, so a
+# rank's fault is a crash of the worker, whose suspects a second crash would quarantine
+STREAMS = {signal.SIGKILL: PROMPTS, signal.SIGSTOP: ["Count to ten.", "Name a bird.", "Why?"]}
+
+
+def need_mpirun() -> None:
+    if shutil.which("mpirun") is None:
+        why = "Open MPI is not installed (mpirun)"
+        if REQUIRED:
+            pytest.fail(f"{why}, and STEWARD_RANKS_MPI_REQUIRED=1")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def group(tiny_model: Path) -> Iterator[Server]:
+    # no spare: a faulted group is re-formed
+    need_mpirun()
+    args = ["--model", str(tiny_model), "--ranks", "2", *MPI, "--standby", "none"]
+    server = Server([*args, "--queue-timeout", "120"])
+    server.wait()
+    yield server
+    server.stop()
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie that init has yet to reap: mpirun, ending a job it aborts (a rank
+    that exits first, as rank 0 does when it stops), SIGKILLs the other ranks and exits
+    without reaping them (Open MPI 4.1), and this machine's init reaps late."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return True
+    return fields[0] == "Z" and fields[1] == "1"
+
+
+def mpirun_of(listed: list[dict]) -> int:
+    """The mpirun that started the ranks `listed` (/health's): their parent, here."""
+    (launcher,) = {parent(rank["pid"]) for rank in listed}
+    assert Path(f"/proc/{launcher}/comm").read_text().strip() == "mpirun"
+    return launcher
+
+
+def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path) -> None:
+    one = serve("--model", str(tiny_model), "--standby", "none")
+    one.wait()
+    listed = every_rank_serving(group)
+    assert [r["rank"] for r in listed] == [0, 1]
+    assert all(r["alive"] and r["joined"] for r in listed)
+    mpirun_of(listed)
+    assert " mpi ranks (pids to come, to come), started by mpirun (pid " in group.output()
+    for prompt in PROMPTS:
+        expected = completion(one.url, prompt, False)
+        assert len(expected) > 0
+        assert completion(group.url, prompt, False) == expected
+        assert completion(group.url, prompt, True) == expected
+        assert dialects(group.url, prompt) == dialects(one.url, prompt)
+        assert stream(group.url, prompt)["text"] == stream(one.url, prompt)["text"]
+
+
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
+def test_rank_1_faulted_mid_stream(group: Server, fault: signal.Signals) -> None:
+    """Every stream ends whole; the group is re-formed by a new mpirun with new pids; no
+    process of the old group is left (its ranks, its mpirun); a rank is seen within the
+    bounds of any rank's."""
+    generation = group.health().json()["worker"]["generation"]
+    old = ranks(group)
+    launcher = mpirun_of(old)
+    answers, references, noticed = hit_mid_stream(group, fault, LONGER, STREAMS[fault])
+    for seen, reference in zip(answers, references, strict=True):
+        assert_whole(seen, reference)
+    bound = GRACE + WATCH + (SILENCE if fault == signal.SIGSTOP else 0.0)
+    print(f"an mpi rank's {fault.name} seen faulted in {noticed:.2f} s (bound {bound:.1f} s)")
+    assert noticed < bound + 2.0  # the slack: a poll of /health on a loaded machine
+    new = serving_again(group, generation)["worker"]["ranks"]
+    assert {r["pid"] for r in new}.isdisjoint({r["pid"] for r in old})
+    assert mpirun_of(new) != launcher
+    left = [launcher, *(r["pid"] for r in old)]
+    until(lambda: all(ended(pid) for pid in left), 10, "the old ranks and mpirun gone")
+    why = "ended (its status is mpirun's" if fault == signal.SIGKILL else "silent for"
+    assert f"rank 1 (pid {old[1]['pid']}) {why}" in group.output()
+
+
+def test_sigterm_drains_and_leaves_no_rank_or_mpirun(serve, tiny_model: Path) -> None:
+    need_mpirun()
+    server = serve("--model", str(tiny_model), "--ranks", "2", *MPI)
+    server.wait()
+    listed = every_rank_serving(server)
+    left = [mpirun_of(listed), *(r["pid"] for r in listed)]
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(stream, server.url, PROMPTS[0], LONG)
+        server.until(lambda h: h["in_flight"] == 1, within=60)
+        server.proc.send_signal(signal.SIGTERM)
+        seen = answer.result(timeout=120)
+    assert seen["done"] and seen["errors"] == [] and seen["finish"] == "length"
+    assert server.exit_code(timeout=60) == 0
+    assert [pid for pid in left if not ended(pid)] == []
+
+
+def test_without_mpirun_exits_78_saying_so(tiny_model: Path) -> None:
+    """mpirun looked for before anything starts: a PATH without it."""
+    argv = [sys.executable, "-m", "steward", "serve", "--model", str(tiny_model), "--ranks", "2"]
+    path = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    done = subprocess.run(
+        [*argv, *MPI, "--port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=path,
+    )
+    assert done.returncode == 78, done.stderr
+    assert "--distributed-backend mpi: mpirun is not on PATH" in done.stderr
