@@ -37,6 +37,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -168,7 +169,7 @@ class RankGroup:
             sock.close()
         launcher = None
         if places[0].backend == "mpi":  # every rank's meeting is held: mpirun starts them
-            launcher = Mpirun.start(hosts, folder, settings.rank_join_timeout)
+            launcher = Mpirun.start(hosts, folder, settings.rank_join_timeout, _reported(ranks))
         channel = await AsyncChannel.open(ours)
         group = cls(ranks, channel, folder, ports, settings.rank_join_timeout, launcher)
         for rank, (line, _) in zip(ranks, lines, strict=True):
@@ -329,6 +330,16 @@ class RankGroup:
         return None
 
 
+def _reported(ranks: list[Rank]) -> Callable[[int, int], None]:
+    """What mpirun reports a rank killed by (a local rank's status is mpirun's alone)."""
+
+    def killed(rank: int, number: int) -> None:
+        if isinstance(process := ranks[rank].process, MpiRank):
+            process.signal = number
+
+    return killed
+
+
 def _where(rank: Rank) -> str:
     """As the log names a rank just started: a remote one's pid is not known yet, nor one
     that mpirun starts."""
@@ -355,5 +366,5 @@ def _ended(rank: Rank) -> str:
     if code == SSH_FAILED and isinstance(rank.process, SshRank):
         return "was lost: its ssh failed (status 255: the host unreachable, or the session cut)"
     if code == ENDED and isinstance(rank.process, MpiRank):
-        return "ended (its status is mpirun's: it reports it)"
+        return "ended (its status is mpirun's: it reports it, if a signal)"
     return describe_exit(code)

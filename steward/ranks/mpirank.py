@@ -8,8 +8,9 @@ file descriptors: the very ones a spawned rank gets. A remote rank's meeting is 
 tether (tether.py), on its own host, so the sockets never cross hosts.
 
 `MpiRank` stands for the rank as a spawned rank's process does: its pid once it came, its
-end (the pid gone: it is mpirun's child, so its status is mpirun's to report), and SIGKILL
-by its pid. A rank that never comes never pulses: the group's join bound sees it.
+end (the pid gone: it is mpirun's child, so its status is mpirun's, read from what mpirun
+reports), and SIGKILL by its pid. A rank that never comes never pulses: the group's join
+bound sees it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ PID = struct.Struct("!I")  # the rank's pid, the first thing it says
 SIZE = struct.Struct("!I")  # the payload's length, sent with the sockets
 LOOK = 0.05  # seconds between two looks: for the rank, at its pid
 TALK = 10.0  # seconds a rank that came has to say its pid and take what it is given
-ENDED = 1  # its end as `exitcode` says it: mpirun alone knows its status (it reports it)
+ENDED = 1  # its end as `exitcode` says it when mpirun did not report a signal
 
 
 def meeting(folder: str, rank: int) -> str:
@@ -59,15 +60,19 @@ class MpiRank:
         self._listener.listen(1)
         self._listener.settimeout(LOOK)
         self._killed = False
+        self.signal: int | None = None  # the one mpirun reported it killed by (mpirun.py)
         self._gone = threading.Event()
         name = f"steward-mpi-rank-{settings.generation}.{place.rank}"
         threading.Thread(target=self._hold, daemon=True, name=name).start()
 
     @property
     def exitcode(self) -> int | None:
-        """None while it runs (or has yet to come); -SIGKILL once killed here, else `ENDED`."""
+        """None while it runs (or has yet to come); once it has ended, minus the signal mpirun
+        reported, else -SIGKILL if it was killed here, else `ENDED`."""
         if not self._gone.is_set():
             return None
+        if self.signal is not None:
+            return -self.signal
         return -signal.SIGKILL if self._killed else ENDED
 
     def kill(self) -> None:

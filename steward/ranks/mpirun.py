@@ -10,7 +10,9 @@ A group killed kills every rank by its pid first, so that mpirun, and each host'
 reap them and end the job themselves (mpirun aborts the job once one rank has gone, and
 kills the others at once: a rank ignores SIGTERM, mpirun's first word otherwise, for 1 s);
 what is left of mpirun's group after `KILLED` s is SIGKILLed. The front's death ends the
-ranks (their lines and feeds end), and mpirun with them.
+ranks (their lines and feeds end), and mpirun with them. A rank's exit status is mpirun's,
+its parent's: mpirun reports the signal that killed one on its stderr, read here on its
+way to the front's (the ranks' stderr comes the same way), so that the log names it.
 
 mpirun is told the hosts (each host's ranks in a row: it places a host's slots together),
 that the ranks may outnumber the cores (`--oversubscribe`, unbound, and a rank that waits in
@@ -25,13 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from itertools import groupby
 from pathlib import Path
+from typing import IO
 
 from steward.ranks.formation import machine
 from steward.ranks.remote import KEPT, SSH
@@ -40,6 +45,9 @@ from steward.wire.ranks import RankHost
 MPIRUN = "mpirun"
 RANK = "steward.ranks.mpimeet"
 ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+# mpirun's word for a rank killed by a signal (Open MPI 4.1): the status a rank's own
+# parent, not steward, holds
+REPORT = re.compile(rb"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 
 
 def missing(hosts: Sequence[RankHost]) -> str:
@@ -84,20 +92,31 @@ def command(hosts: Sequence[RankHost], folder: Path, wait: float) -> list[str]:
 
 
 class Mpirun:
-    """A group's mpirun, started in a session of its own."""
+    """A group's mpirun, started in a session of its own; its stderr (its ranks' too) goes
+    on to the front's, read on the way for the signal that killed a rank."""
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self.process = process
 
     @classmethod
-    def start(cls, hosts: Sequence[RankHost], folder: Path, wait: float) -> Mpirun:
+    def start(
+        cls,
+        hosts: Sequence[RankHost],
+        folder: Path,
+        wait: float,
+        killed: Callable[[int, int], None],
+    ) -> Mpirun:
+        """mpirun started; `killed(rank, signal)` for each rank it reports killed."""
         env = {**os.environ, **(ROOT if os.geteuid() == 0 else {})}
         process = subprocess.Popen(
             command(hosts, folder, wait),
             stdin=subprocess.DEVNULL,  # mpirun would hand its stdin to rank 0
+            stderr=subprocess.PIPE,
             env=env,
             start_new_session=True,
         )
+        args = (process.stderr, killed)
+        threading.Thread(target=_said, args=args, daemon=True, name="mpirun-stderr").start()
         return cls(process)
 
     @property
@@ -117,6 +136,17 @@ class Mpirun:
     def join(self, timeout: float | None = None) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout)
+
+
+def _said(stderr: IO[bytes], killed: Callable[[int, int], None]) -> None:
+    """mpirun's stderr to the front's, line by line, each rank it reports killed to
+    `killed`."""
+    with stderr:
+        for line in stderr:
+            sys.stderr.buffer.write(line)
+            sys.stderr.buffer.flush()
+            if found := REPORT.search(line):
+                killed(int(found[1]), int(found[2]))
 
 
 def _machines(hosts: Sequence[RankHost]) -> list[str]:
