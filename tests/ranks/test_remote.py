@@ -23,7 +23,7 @@ import pytest
 from steward.ranks.group import GRACE, SILENCE, WATCH
 from steward.wire.ranks import DOWN_BEAT, FRONT_SILENCE
 from tests.conftest import ROOT, Server, free_port, until
-from tests.ranks.test_mpi import ended
+from tests.ranks.test_mpi import LONGER, ended
 from tests.ranks.test_ranks import (
     PROMPTS,
     completion,
@@ -280,7 +280,7 @@ def test_an_mpi_rank_over_ssh_killed_mid_stream(
         assert {_argv(pid)[0].rsplit("/", 1)[-1] for pid in old} >= {"mpirun", "orted"}
         old |= _running("steward.ranks.tether")
         old |= {_parent(pid) for pid in old} - {server.proc.pid}  # their ssh sessions
-        answers, references, noticed = hit_mid_stream(server, signal.SIGKILL, 8 * 48)
+        answers, references, noticed = hit_mid_stream(server, signal.SIGKILL, LONGER)
         for seen, reference in zip(answers, references, strict=True):
             assert_whole(seen, reference)
         print(f"an mpi rank over ssh SIGKILLed: seen in {noticed:.2f} s")
