@@ -77,7 +77,7 @@ class Rank:
     """One rank's process and what its pulses said."""
 
     place: RankPlace
-    process: BaseProcess | SshRank | MpiRank  # an ssh client holds a remote rank
+    process: BaseProcess | SshRank | MpiRank  # an ssh client holds a remote rank; mpi: its meeting
     host: str  # as the hostfile names it (its `ssh`); local ranks: 127.0.0.1
     holder: str  # the memory its part takes: its host's, or its GPU's (formation.py)
     pid: int | None = None  # on its host; a remote rank's is known from its pulses

@@ -15,11 +15,11 @@ its parent's: mpirun reports the signal that killed one on its stderr, read here
 way to the front's (the ranks' stderr comes the same way), so that the log names it.
 
 mpirun is told the hosts (each host's ranks in a row: it places a host's slots together),
-that the ranks may outnumber the cores (`--oversubscribe`, unbound, and a rank that waits in
-a collective yields its core: MPI's busy polling otherwise starves the front and rank 0's
-reader of a host's cores, and a request waited for the batch before it), and to carry MPI's
-messages over TCP between the hosts' `ips` alone (the loopback for `--ranks N`), as the ring
-backend does. It reaches other hosts with the ssh and the options remote ranks use
+that the ranks may outnumber the cores (`--oversubscribe`, unbound; not
+`mpi_yield_when_idle`, whose sched_yield polling starved the front more than plain polling
+does: /health answered in up to 0.9 s against 0.25 s, two ranks on two shared cores), and
+to carry MPI's messages over TCP between the hosts' `ips` alone (the loopback for `--ranks
+N`), as the ring backend does. It reaches other hosts with the ssh and the options remote ranks use
 (remote.py); it runs as root only where the front does (Open MPI refuses, unless told).
 """
 
@@ -82,7 +82,6 @@ def command(hosts: Sequence[RankHost], folder: Path, wait: float) -> list[str]:
         "--bind-to", "none",
         "--oversubscribe",
         "--mca", "odls_base_sigkill_timeout", "0",  # SIGKILL, not SIGTERM then 1 s later
-        "--mca", "mpi_yield_when_idle", "1",  # a rank waiting in a collective lets others run
         "--mca", "btl", "self,tcp",
         "--mca", "btl_tcp_if_include", ips,
         "--mca", "plm_rsh_agent", " ".join(SSH),

@@ -131,7 +131,7 @@ def test_sigterm_drains_and_leaves_no_rank_or_mpirun(serve, tiny_model: Path) ->
     listed = every_rank_serving(server)
     left = [mpirun_of(listed), *(r["pid"] for r in listed)]
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(stream, server.url, PROMPTS[0], LONG)
+        answer = pool.submit(stream, server.url, PROMPTS[0], LONGER)
         server.until(lambda h: h["in_flight"] == 1, within=60)
         server.proc.send_signal(signal.SIGTERM)
         seen = answer.result(timeout=120)
