@@ -70,9 +70,15 @@ class Reader:
         return made
 
     def _read(self, tokens: list[int]) -> int:
-        """Feed `tokens`; the greedy token after them."""
+        """Feed `tokens`; the greedy token after them. They are fed padded to a power of
+        two, the padding then trimmed from the cache (it comes after them, so nothing they
+        see changes): a GPU builds kernels for each new shape on its first step, seconds on
+        the H200, in which the step stays silent."""
+        padded = 1 << (len(tokens) - 1).bit_length()
+        fed = tokens + [tokens[-1]] * (padded - len(tokens))
         with mx.stream(generation_stream):
-            logits = self.model(mx.array(tokens)[None], cache=self.cache)[0, -1]
+            logits = self.model(mx.array(fed)[None], cache=self.cache)[0, len(tokens) - 1]
             token = int(mx.argmax(logits).item())
+        trim_prompt_cache(self.cache, padded - len(tokens))
         self.held += tokens
         return token

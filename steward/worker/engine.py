@@ -59,7 +59,7 @@ from steward.worker.payoff import Kind, kind_of
 from steward.worker.prepared import Prepared, prepared
 from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
-from steward.worker.solo import Solo
+from steward.worker.solo import Drafts, Solo
 from steward.worker.speculation import Drafter, Speculation
 
 if TYPE_CHECKING:
@@ -433,10 +433,7 @@ class Engine:
         drawn = Drawn(ends=self.ends, size=1)
         self.ends = []
         before = solo.prefilled
-        drafts = self._solo_drafts(member, solo)
-        if drafts:
-            self._verifying(True, 1, 1 + len(drafts))
-        token_drawn = solo.next(drafts)
+        token_drawn = solo.next(self._solo_drafts(member, solo))
         waited = self.settle()
         if token_drawn is None:
             if len(solo.held()) == len(solo.prompt) - 1:  # the prompt is in
@@ -450,8 +447,8 @@ class Engine:
             drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
             return drawn
         new = self._met((True, 1, len(token_drawn), 0, 0))
-        if drafts and member.drafter is not None:
-            member.drafter.observe(len(drafts), len(token_drawn) - 1)
+        if solo.landed is not None and member.drafter is not None:
+            member.drafter.observe(*solo.landed)
         for token, row in token_drawn if self.solo is not None else ():  # its text went on
             finish = "stop" if token in self.eos else None
             if finish is None and member.new + 1 >= solo.max_tokens:
@@ -466,27 +463,39 @@ class Engine:
             if solo.processors and member.drafter is not None and member.drafter.drafting:
                 self._handover()  # its text copies: it drafts in the batch, grammar and all
         seconds = time.perf_counter() - started - waited
-        self.speculation.measured(ALONE, seconds, 1, len(token_drawn), bool(drafts), not new)
+        # A verify step is steady where it queued the next as it landed: the last of a run
+        # launched nothing ahead, as the first decode step after verifying waits for nothing.
+        verified = solo.landed is not None
+        steady = not new and (solo.queued or not verified)
+        self.speculation.measured(ALONE, seconds, 1, len(token_drawn), verified, steady)
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn
 
-    def _solo_drafts(self, member: Member, solo: Solo) -> list[int]:
-        """The drafts the request alone verifies at its next token: none while it prefills,
-        or where a processor shapes its logits (it drafts once in the batch, where a
-        grammar masks a verify step's rows)."""
+    def _solo_drafts(self, member: Member, solo: Solo) -> Drafts | None:
+        """What gives the request alone its drafts, a verify step at a time (none while it
+        prefills, or where a processor shapes its logits: it drafts once in the batch,
+        where a grammar masks a verify step's rows)."""
         drafter = member.drafter
         if solo.pending is None or solo.processors or drafter is None:
-            return []
+            return None
         if not self.speculation.allows(ALONE):  # its verify steps do not pay (payoff.py)
-            return []
-        left = solo.max_tokens - member.new - 1  # after the token it feeds
-        return self.speculation.drafts([(0, drafter, left)], 1).get(0, [])
+            return None
+
+        def drafts(skip: int) -> list[int]:
+            left = solo.max_tokens - member.new - 1 - skip  # after what it feeds before
+            drafted = self.speculation.drafts([(0, drafter, left)], 1, skip).get(0, [])
+            if drafted:
+                self._verifying(True, 1, 1 + len(drafted))
+            return drafted
+
+        return drafts
 
     def _solo_leave(self) -> Member:
         """The request alone leaves; its cache is kept."""
         assert self.solo is not None
         member, solo = self.solo
         self.solo = None
+        solo.settle()
         self._remember(solo.held(), solo.cache, member.req)
         return member
 

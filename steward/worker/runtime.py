@@ -34,6 +34,7 @@ from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
+GRAPHS = 4096  # CUDA graphs MLX keeps for replay (`environment`)
 CACHE_SHARE = 16  # of a GPU's memory, the most one process keeps in freed buffers (bound_cache)
 NVIDIA = Path("/proc/driver/nvidia/gpus")  # one folder per GPU, its `information` file
 WEIGHTS = ("*.safetensors", "*.gguf")
@@ -46,8 +47,20 @@ def environment(environ: MutableMapping[str, str]) -> None:
     every new context length, a batch's every new width (tens to hundreds of ms each, in
     every first burst and again for each new conversation). Its own kernels need none: on
     an H200, three new 13k-token prompts prefilled in 1.8-1.9 s without cuDNN against
-    2.4-5.2 s with it (bench/step_phases.py)."""
+    2.4-5.2 s with it (bench/step_phases.py).
+
+    MLX on CUDA replays each step as a CUDA graph, kept in a cache of `GRAPHS` (MLX's own
+    default is 400, keyed by the step's operations, not its shapes). A serving worker meets
+    more than 400: each batch width, with and without drafts, each prefill chunk's mix. Past
+    them every step builds its graph again: on an H200, 32 requests decoding together gave
+    546 tok/s with MLX's default against 2565 with 4096 (bench/graph_cache.py). And MLX
+    aborts the process (`Cache thrashing is happening`) once its cache has missed twice its
+    size, counted over the process's whole life (mlx/backend/cuda/lru_cache.h): a fuse that
+    a long-lived worker meets however well the cache does, so it is off, as MLX's own tests
+    turn it off."""
     environ.setdefault("MLX_CUDA_USE_CUDNN_SDPA", "0")
+    environ.setdefault("MLX_CUDA_GRAPH_CACHE_SIZE", str(GRAPHS))
+    environ.setdefault("MLX_ENABLE_CACHE_THRASHING_CHECK", "0")
     environ.setdefault("MLX_PTX_CACHE_DIR", str(kernel_dir(cache_dir(), mlx_version(), gpus())))
 
 

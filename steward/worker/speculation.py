@@ -127,16 +127,19 @@ class Drafter:
             self.place += self.following
         self.context.append(token)
 
-    def propose(self, room: int) -> list[int]:
-        """Up to `room` tokens to follow the token the member feeds next. That token is not
-        known yet (the step that draws it may still run), so the continuation's first token
-        stands for it: the drafts are what followed it."""
+    def propose(self, room: int, skip: int = 0) -> list[int]:
+        """Up to `room` tokens to follow the token the member feeds next, and `skip` more
+        positions queued before them (a verify step in flight: its fed token and drafts,
+        on the bet that it keeps them all). The token fed next is not known yet (the step
+        that draws it may still run), so the continuation's first token stands for it,
+        and the continuation's next `skip` for those positions: the drafts are what
+        followed them."""
         if not self.drafting:
             return []
-        count = 1 + min(self.k, room)
+        count = 1 + skip + min(self.k, room)
         if self.copying or self.model is None:
-            return self._continuation(count)[1:]
-        return self.model.continuation(self.context.tokens, count)[1:]
+            return self._continuation(count)[1 + skip :]
+        return self.model.continuation(self.context.tokens, count)[1 + skip :]
 
     def observe(self, offered: int, kept: int) -> None:
         """What a verify step kept of the drafts it was offered."""
@@ -209,15 +212,18 @@ class Speculation:
         if self.on and self.payoff is not None:
             self.payoff.measured(of, seconds, rows, tokens, verified, steady)
 
-    def drafts(self, rows: list[tuple[int, Drafter, int]], width: int) -> dict[int, list[int]]:
+    def drafts(
+        self, rows: list[tuple[int, Drafter, int]], width: int, skip: int = 0
+    ) -> dict[int, list[int]]:
         """The drafts of a verify step over `width` rows, by uid, of the `rows` that may
         draft: (uid, its drafter, the tokens its answer has room for after the one it
-        feeds). A row carries no more than `room` allows; on a GPU, the step's positions a
-        row are a power of two (`shaped`)."""
+        feeds), each after `skip` positions in flight (`Drafter.propose`). A row carries no
+        more than `room` allows; on a GPU, the step's positions a row are a power of two
+        (`shaped`)."""
         most = room(width, self.gpu)
         drafts = {}
         for uid, drafter, left in rows:
-            if (allowed := min(most, left)) > 0 and (drafted := drafter.propose(allowed)):
+            if (allowed := min(most, left)) > 0 and (drafted := drafter.propose(allowed, skip)):
                 drafts[uid] = drafted
         return shaped(drafts) if self.gpu else drafts
 

@@ -82,7 +82,7 @@ def test_a_calibration_is_kept_under_what_it_depends_on(tmp_path: Path, tiny_mod
     assert calibration.stored(name, tmp_path) is None  # measured again, never a fault
 
 
-def test_mlx_keeps_its_kernels_in_stewards_cache(
+def test_mlx_settings_for_a_worker_unless_the_operator_made_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gpus = tmp_path / "proc"
@@ -97,9 +97,17 @@ def test_mlx_keeps_its_kernels_in_stewards_cache(
     assert kernels.is_relative_to(tmp_path / "cache")
     assert f"mlx-{runtime.mlx_version()}" in kernels.parts
     assert environ["MLX_CUDA_USE_CUDNN_SDPA"] == "0"
-    theirs = {"MLX_PTX_CACHE_DIR": "/srv/kernels", "MLX_CUDA_USE_CUDNN_SDPA": "1"}
-    runtime.environment(theirs)
-    assert theirs == {"MLX_PTX_CACHE_DIR": "/srv/kernels", "MLX_CUDA_USE_CUDNN_SDPA": "1"}
+    assert environ["MLX_CUDA_GRAPH_CACHE_SIZE"] == str(runtime.GRAPHS)  # not MLX's 400
+    assert environ["MLX_ENABLE_CACHE_THRASHING_CHECK"] == "0"  # no lifetime fuse
+    theirs = {
+        "MLX_PTX_CACHE_DIR": "/srv/kernels",
+        "MLX_CUDA_USE_CUDNN_SDPA": "1",
+        "MLX_CUDA_GRAPH_CACHE_SIZE": "800",
+        "MLX_ENABLE_CACHE_THRASHING_CHECK": "1",
+    }
+    mine = dict(theirs)
+    runtime.environment(mine)
+    assert mine == theirs
 
 
 def test_the_worker_hides_pytorch_but_keeps_one_already_imported() -> None:

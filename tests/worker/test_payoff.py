@@ -125,7 +125,7 @@ def backend(tiny_model: Path):
     from steward.worker.backend import Backend
     from steward.worker.injection import Injector
 
-    return Backend(tiny_model, Injector([parse("verify:slow=0.05:every")], 1))
+    return Backend(tiny_model, Injector([parse("verify:slow=0.2:every")], 1))
 
 
 def run(engine, req: Generate) -> tuple[list[int], int]:
@@ -141,7 +141,7 @@ def run(engine, req: Generate) -> tuple[list[int], int]:
 def test_an_engine_whose_verify_steps_do_not_pay_stops_drafting_and_answers_the_same(
     backend,
 ) -> None:
-    """Each verify step sleeps 50 ms, far more than the tokens it gives are worth on the
+    """Each verify step sleeps 200 ms, far more than the tokens it gives are worth on the
     tiny model: `auto` pauses after its trial, `always` verifies on, the answers match."""
     from steward.worker.engine import Engine
 

@@ -150,16 +150,54 @@ def test_greedy_seeded_logprobs_and_stops_answer_as_without_speculation(engines)
 def test_a_request_alone_verifies_its_drafts_on_the_single_sequence_loop(engines) -> None:
     """Alone it stays on the single-sequence loop (a batch of one decodes at half its speed
     on a GPU) and verifies its drafts there once its answer copies: a step gives it
-    several tokens, and the answer is the one without speculation."""
+    several tokens, the next verify step queued before they are read back (a step kept
+    whole leaves that one in flight), and the answer is the one without speculation."""
     engine = engines["always"]
     engine.add(ask(6, max_tokens=64))
-    most = 0
+    most, ahead = 0, 0
     while engine.busy:
         assert not engine.members  # never a row of the batch
         most = max(most, sum(token.token >= 0 for token in engine.step().tokens))
-    assert most > 1
+        ahead += engine.solo is not None and engine.solo[1].flight is not None
+    assert most > 1 and ahead > 0
     (done,) = same_answers(engines, [ask(6, max_tokens=64)]).values()
     assert done.accepted_prediction_tokens > 0
+
+
+@pytest.mark.parametrize("then", ["joins", "cancelled"])
+def test_a_verify_step_in_flight_is_dropped_when_the_request_leaves_the_loop(
+    engines, then: str
+) -> None:
+    """A request alone with a verify step in flight, when another arrives (it goes on in
+    the batch) or when it is cancelled (its cache is kept for the next turn): the step
+    queued ahead is dropped with its cache. The answers, and the next request's that finds
+    the kept cache, are those without speculation."""
+    engine, plain = engines["always"], engines["none"]
+    first, second = ask(40, max_tokens=64), ask(41, prompt="Once upon a time", max_tokens=24)
+    expected = {i: [t for t, _ in got] for i, got in answers(plain, [first, second])[0].items()}
+    engine.add(first)
+    got: dict[int, list[int]] = {40: [], 41: []}
+
+    def step() -> None:
+        for token in engine.step().tokens:
+            if token.token >= 0:
+                got[token.id].append(token.token)
+
+    while engine.solo is None or engine.solo[1].flight is None:
+        step()
+    if then == "joins":
+        engine.add(second)
+        while engine.busy:
+            step()
+        assert got == expected
+        return
+    engine.cancel(first.id)
+    while engine.busy:
+        step()
+    assert got[40] == expected[40][: len(got[40])]
+    text = engine.backend.tokenizer.decode(got[40])
+    again = ask(42, prompt=COPYING + text, max_tokens=16)  # its prefix is the cache kept
+    assert answers(engine, [again])[0][42] == answers(plain, [again])[0][42]
 
 
 def test_a_verify_step_of_a_shape_not_run_yet_is_announced_once(backend) -> None:
@@ -248,6 +286,30 @@ def test_a_draft_model_drafts_what_does_not_copy(backend) -> None:
     reqs = [ask(12, "Once upon a time", max_tokens=24), ask(13, "In the beginning", max_tokens=9)]
     dones = same_answers(engines, reqs)
     assert dones[12].accepted_prediction_tokens >= 12
+
+
+def test_a_draft_models_reads_padded_to_a_power_of_two_draft_its_greedy_tokens(backend) -> None:
+    """Reads of any length (a prompt in parts, then the tokens an answer kept) are fed
+    padded to a power of two and the padding trimmed: the drafts are the model's greedy
+    continuation all the same, and the cache holds the tokens read, nothing more."""
+    from mlx_lm.generate import generate_step
+
+    from steward.worker.draft_model import DraftModel
+
+    tokens = backend.tokenizer.encode("Once upon a time, in a land far away, there")
+    greedy = [
+        int(t)
+        for (t, _), _ in zip(
+            generate_step(mx.array(tokens), backend.model), range(12), strict=False
+        )
+    ]
+    reader = DraftModel(backend.model).reader(lambda: 5)  # a prompt read 5 tokens at a time
+    while not (drafts := reader.continuation(tokens, 6)):
+        pass
+    assert drafts == greedy[:6]
+    answer = tokens + greedy[:3]  # three kept: read again from there
+    assert reader.continuation(answer, 6) == greedy[3:9]
+    assert reader.held == answer and reader.cache[0].offset == len(answer)
 
 
 def test_lookup_drafts_only_while_the_answer_copies() -> None:
