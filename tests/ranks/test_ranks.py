@@ -143,10 +143,16 @@ def hit_mid_stream(
     references = [stream(server.url, prompt, tokens) for prompt in prompts]
     before = server.health().json()
     victim = before["worker"]["ranks"][1]["pid"]
+    started = [threading.Event() for _ in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        seen = [pool.submit(stream, server.url, prompt, tokens) for prompt in prompts]
-        busy = server.until(lambda h: h["in_flight"] == len(prompts), within=60)
-        steps = busy["worker"]["ranks"][0]["steps"]
+        seen = [
+            pool.submit(stream, server.url, prompt, tokens, event)
+            for prompt, event in zip(prompts, started, strict=True)
+        ]
+        # every stream has its first token (seen by its client: a look at /health, slow
+        # on a loaded machine, can fall between two streams' ends)
+        assert all(event.wait(60) for event in started), "every stream decoding"
+        steps = server.health().json()["worker"]["ranks"][0]["steps"]
         # two steps more with every stream in the batch: tokens are on their way to each
         server.until(lambda h: h["worker"]["ranks"][0]["steps"] >= steps + 2, within=60)
         os.kill(victim, fault)
