@@ -297,16 +297,26 @@ class RankGroup:
         return self._naming
 
     async def _named(self, fault: str) -> None:
-        deadline = time.monotonic() + GRACE
-        while time.monotonic() < deadline and not self._cause_seen():
+        started = time.monotonic()
+        while not self._cause_seen() and time.monotonic() - started < self._patience():
             await asyncio.sleep(WATCH)
         said = self.verdict(time.monotonic()) or fault
         log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, said)
 
     def _cause_seen(self) -> bool:
-        """A rank killed by a signal, or no rank left to end."""
-        running = [rank for rank in self.ranks if rank.process.exitcode is None]
-        return not running or any(_signalled(rank) for rank in self.ranks)
+        """A rank killed by a signal, or no rank left to end and nothing left for mpirun
+        to report of them."""
+        if any(_signalled(rank) for rank in self.ranks):
+            return True
+        running = any(rank.process.exitcode is None for rank in self.ranks)
+        return not running and (self.launcher is None or self.launcher.said.is_set())
+
+    def _patience(self) -> float:
+        """How long the cause may take to be seen: `GRACE`, or `KILLED` once every rank of
+        an mpi group has ended, its signal to come in mpirun's report (mpirun reaps the
+        ranks, then says: on a loaded machine, after more than `GRACE`)."""
+        ended = all(rank.process.exitcode is not None for rank in self.ranks)
+        return KILLED if self.launcher is not None and ended else GRACE
 
     def verdict(self, now: float) -> str | None:
         """What faults the group now, if anything."""

@@ -94,8 +94,9 @@ class Mpirun:
     """A group's mpirun, started in a session of its own; its stderr (its ranks' too) goes
     on to the front's, read on the way for the signal that killed a rank."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], said: threading.Event) -> None:
         self.process = process
+        self.said = said  # its stderr ended: it has reported every rank it saw killed
 
     @classmethod
     def start(
@@ -114,9 +115,10 @@ class Mpirun:
             env=env,
             start_new_session=True,
         )
-        args = (process.stderr, killed)
+        said = threading.Event()
+        args = (process.stderr, killed, said)
         threading.Thread(target=_said, args=args, daemon=True, name="mpirun-stderr").start()
-        return cls(process)
+        return cls(process, said)
 
     @property
     def pid(self) -> int:
@@ -137,15 +139,16 @@ class Mpirun:
             self.process.wait(timeout)
 
 
-def _said(stderr: IO[bytes], killed: Callable[[int, int], None]) -> None:
+def _said(stderr: IO[bytes], killed: Callable[[int, int], None], said: threading.Event) -> None:
     """mpirun's stderr to the front's, line by line, each rank it reports killed to
-    `killed`."""
+    `killed`; `said` once it ends."""
     with stderr:
         for line in stderr:
             sys.stderr.buffer.write(line)
             sys.stderr.buffer.flush()
             if found := REPORT.search(line):
                 killed(int(found[1]), int(found[2]))
+    said.set()
 
 
 def _machines(hosts: Sequence[RankHost]) -> list[str]:
