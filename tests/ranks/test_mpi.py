@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,14 @@ from tests.conftest import ROOT, Server, free_port, until
 from tests.ranks.test_ranks import (
     LONG,
     PROMPTS,
-    completion,
-    dialects,
+    drained_mid_stream,
     every_rank_serving,
     hit_mid_stream,
     ranks,
+    same_as_one_process,
     serving_again,
 )
-from tests.supervisor.test_resume import assert_whole, stream
+from tests.supervisor.test_resume import assert_whole
 
 REQUIRED = os.environ.get("STEWARD_RANKS_MPI_REQUIRED") == "1"
 MPI = ["--distributed-backend", "mpi"]
@@ -87,18 +86,8 @@ def mpirun_of(listed: list[dict]) -> int:
 def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path) -> None:
     one = serve("--model", str(tiny_model), "--standby", "none")
     one.wait()
-    listed = every_rank_serving(group)
-    assert [r["rank"] for r in listed] == [0, 1]
-    assert all(r["alive"] and r["joined"] for r in listed)
-    mpirun_of(listed)
+    mpirun_of(same_as_one_process(group, one))
     assert " mpi ranks (pids to come, to come), started by mpirun (pid " in group.output()
-    for prompt in PROMPTS:
-        expected = completion(one.url, prompt, False)
-        assert len(expected) > 0
-        assert completion(group.url, prompt, False) == expected
-        assert completion(group.url, prompt, True) == expected
-        assert dialects(group.url, prompt) == dialects(one.url, prompt)
-        assert stream(group.url, prompt)["text"] == stream(one.url, prompt)["text"]
 
 
 @pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
@@ -130,13 +119,7 @@ def test_sigterm_drains_and_leaves_no_rank_or_mpirun(serve, tiny_model: Path) ->
     server.wait()
     listed = every_rank_serving(server)
     left = [mpirun_of(listed), *(r["pid"] for r in listed)]
-    with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(stream, server.url, PROMPTS[0], LONGER)
-        server.until(lambda h: h["in_flight"] == 1, within=60)
-        server.proc.send_signal(signal.SIGTERM)
-        seen = answer.result(timeout=120)
-    assert seen["done"] and seen["errors"] == [] and seen["finish"] == "length"
-    assert server.exit_code(timeout=60) == 0
+    drained_mid_stream(server, LONGER)
     assert [pid for pid in left if not ended(pid)] == []
 
 

@@ -95,6 +95,12 @@ def dialects(url: str, prompt: str) -> dict[str, str]:
 def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path) -> None:
     one = serve("--model", str(tiny_model), "--standby", "none")
     one.wait()
+    same_as_one_process(group, one)
+
+
+def same_as_one_process(group: Server, one: Server) -> list[dict]:
+    """Both ranks of `group` serving, and its greedy answers those of `one` (the model in a
+    single process), streamed and not, in every dialect; the ranks, as /health lists them."""
     listed = every_rank_serving(group)
     assert [r["rank"] for r in listed] == [0, 1]
     assert all(r["alive"] and r["joined"] for r in listed)
@@ -107,6 +113,7 @@ def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path
         assert all(answers.values()), answers
         assert dialects(group.url, prompt) == answers
         assert stream(group.url, prompt)["text"] == stream(one.url, prompt)["text"]
+    return listed
 
 
 def rank_series(server: Server) -> dict[str, float]:
@@ -258,14 +265,19 @@ def test_sigterm_drains_a_group_and_leaves_no_rank(serve, tiny_model: Path) -> N
     server = serve("--model", str(tiny_model), "--ranks", "2")
     server.wait()
     pids = [r["pid"] for r in ranks(server)]
+    drained_mid_stream(server, LONG)
+    assert all(gone(pid) for pid in pids)
+
+
+def drained_mid_stream(server: Server, tokens: int) -> None:
+    """SIGTERM while a stream of `tokens` decodes: it ends whole, and the front exits 0."""
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(stream, server.url, PROMPTS[0], LONG)
+        answer = pool.submit(stream, server.url, PROMPTS[0], tokens)
         server.until(lambda h: h["in_flight"] == 1, within=60)
         server.proc.send_signal(signal.SIGTERM)
         seen = answer.result(timeout=120)
     assert seen["done"] and seen["errors"] == [] and seen["finish"] == "length"
     assert server.exit_code(timeout=60) == 0
-    assert all(gone(pid) for pid in pids)
 
 
 @pytest.mark.parametrize(
