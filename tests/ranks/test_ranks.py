@@ -8,10 +8,12 @@ sums' rounding differs and greedy answers part after a few tokens.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -141,12 +143,26 @@ def test_metrics_are_labelled_per_rank(group: Server) -> None:
         assert sample("steward_rank_since_progress_seconds", rank=rank, host="127.0.0.1") in series
 
 
+# Held while a group is faulted and re-formed: two groups re-forming at once, from the suite's
+# two workers, each with the next group's ranks starting beside it, starve each other's
+# collectives on two cores past the stall bound (an mpi rank spins in a collective).
+FAULTING = Path(tempfile.gettempdir()) / "steward-tests-group-fault.lock"
+
+
 def hit_mid_stream(
     server: Server, fault: signal.Signals, tokens: int = LONG, prompts: list[str] = PROMPTS
 ) -> tuple[list[dict], list[dict], float]:
     """Streams of `tokens` decoding, one for each of `prompts`, when rank 1 gets `fault`:
     what each client saw, each prompt's unfaulted answer, and how long the group took to be
-    seen faulted."""
+    seen faulted. One test worker at a time faults a group (`FAULTING`)."""
+    with FAULTING.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return _hit_mid_stream(server, fault, tokens, prompts)
+
+
+def _hit_mid_stream(
+    server: Server, fault: signal.Signals, tokens: int, prompts: list[str]
+) -> tuple[list[dict], list[dict], float]:
     references = [stream(server.url, prompt, tokens) for prompt in prompts]
     before = server.health().json()
     victim = before["worker"]["ranks"][1]["pid"]
