@@ -2,7 +2,8 @@
 
 Two workloads, each against a steward started with `--speculate none` and one with
 `--speculate auto` (drafts where verify steps measure as paying; `--speculate always` for
-the mechanism unjudged), one after the other on the same device:
+the mechanism unjudged), all up at once on the same device and asked in turn, a round of
+requests at a time (what drifts over a run drifts alike for each):
 - code edit: a file of ~150 lines in the prompt, "return the whole file with one change";
   asked plainly (n-gram lookup alone) and with the file as OpenAI's `prediction`, at each
   `--edit-concurrency` level;
@@ -14,7 +15,8 @@ and C: per-request decode tok/s (median, after the first token, the server's own
 count over the stream's time), aggregate tok/s, the draft tokens' acceptance (usage), and
 the ratio of decode speed to speculation off.
 
-    python -m bench.speculation [--model DIR] [--draft-model DIR] [--speculate always] [--quick]
+    python -m bench.speculation [--model DIR] [--draft-model DIR] [--part all|lookup|draft]
+        [--speculate always] [--quick]
 """
 
 from __future__ import annotations
@@ -72,6 +74,14 @@ class Level:
     rejected: int = 0
     errors: list[str] = field(default_factory=list)
 
+    def add(self, other: Level) -> None:
+        self.tokens += other.tokens
+        self.wall += other.wall
+        self.decode += other.decode
+        self.accepted += other.accepted
+        self.rejected += other.rejected
+        self.errors += other.errors
+
     @property
     def acceptance(self) -> float:
         drafted = self.accepted + self.rejected
@@ -125,37 +135,48 @@ async def load(
     return level
 
 
-# A server's modes: (workload, with the prediction, the mode's name, concurrency levels).
-Modes = list[tuple[str, bool, str, list[int]]]
+@dataclass
+class Server:
+    """A server under test, and what it is asked: (workload, with the prediction, the
+    mode's name, concurrency levels) each."""
+
+    proc: subprocess.Popen
+    url: str
+    model: str
+    modes: list[tuple[str, bool, str, list[int]]]
 
 
-def run(
-    name: str,
-    started: tuple[subprocess.Popen, str],
-    model: str,
-    work: Modes,
-    args: argparse.Namespace,
-) -> dict[tuple[str, str, int], Level]:
-    """Every workload and level of `work` against one server, each level warmed up once
-    alike (unmeasured), then measured; the server stopped after."""
-    proc, url = started
-    results = {}
+def run(servers: list[Server], args: argparse.Namespace) -> dict[tuple[str, str, int], Level]:
+    """Every server's modes, level by level: each level warmed up once alike (unmeasured)
+    on every server, then measured a round at a time on each in turn, so that what drifts
+    on the device over a run drifts alike for all; the servers stopped after."""
     once = argparse.Namespace(**{**vars(args), "rounds": 1})
+    asks = [
+        (server, workload, predicted, mode, c)
+        for server in servers
+        for workload, predicted, mode, levels in server.modes
+        for c in levels
+    ]
+    results: dict[tuple[str, str, int], Level] = {}
     try:
-        for workload, predicted, mode, levels in work:
-            for c in levels:
-                asyncio.run(load(url, model, workload, predicted, c, once))
-                level = asyncio.run(load(url, model, workload, predicted, c, args))
-                results[workload, mode, c] = level
-                speed = statistics.median(level.decode or [0])
-                print(
-                    f"  {name:10} {workload:5} {mode:10} c={c}: {speed:.1f} tok/s/request "
-                    f"errors {len(level.errors)}",
-                    flush=True,
-                )
+        for workload, c in dict.fromkeys((w, c) for _, w, _, _, c in asks):
+            here = [ask for ask in asks if ask[1] == workload and ask[4] == c]
+            for measured in range(args.rounds + 1):  # round 0 warms up
+                for server, _, predicted, mode, _ in here:
+                    got = asyncio.run(load(server.url, server.model, workload, predicted, c, once))
+                    level = results.setdefault((workload, mode, c), Level())
+                    if measured:
+                        level.add(got)
+            for _, _, _, mode, _ in here:
+                speed = statistics.median(results[workload, mode, c].decode or [0])
+                errors = len(results[workload, mode, c].errors)
+                line = f"  {workload:5} {mode:12} c={c}: {speed:.1f} tok/s/request errors {errors}"
+                print(line, flush=True)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        for server in servers:
+            server.proc.terminate()
+        for server in servers:
+            server.proc.wait(60)
     return results
 
 
@@ -167,6 +188,12 @@ def main() -> None:
     parser.add_argument("--draft-model", type=Path, help="also a draft model, and mlx_lm.server")
     parser.add_argument("--draft-concurrency", default="1,8")
     parser.add_argument("--no-peer", action="store_true", help="skip mlx_lm.server --draft-model")
+    parser.add_argument(
+        "--part",
+        choices=["all", "lookup", "draft"],
+        default="all",
+        help="lookup and prediction alone, or the draft model alone (with its baseline)",
+    )
     parser.add_argument("--functions", type=int, default=12, help="in the edited file")
     parser.add_argument("--tokens", type=int, default=1200, help="most tokens an answer has")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client")
@@ -186,27 +213,28 @@ def main() -> None:
     )
     model = bench_model(args.model)
     print(f"model {model}, {args.functions} functions, at most {args.tokens} tokens an answer")
-    if args.draft_model:
-        edit_off, chat_off = sorted({*edit, *drafted}), sorted({*chat, *drafted})
-    else:
-        edit_off, chat_off = edit, chat
+    lookup = args.part != "draft"
+    drafting = args.draft_model is not None and args.part != "lookup"
+    edit_off = sorted({*(edit if lookup else []), *(drafted if drafting else [])})
+    chat_off = sorted({*(chat if lookup else []), *(drafted if drafting else [])})
     off = [("edit", False, "off", edit_off), ("story", False, "off", chat_off)]
-    on = [
-        ("edit", False, "lookup", edit),
-        ("edit", True, "prediction", edit),
-        ("story", False, "lookup", chat),
-    ]
-    results = run("off", start_server(model, ["--speculate", "none"]), "default", off, args)
-    results |= run("on", start_server(model, ["--speculate", args.speculate]), "default", on, args)
-    if args.draft_model:
+    servers = [Server(*start_server(model, ["--speculate", "none"]), "default", off)]
+    if lookup:
+        on = [
+            ("edit", False, "lookup", edit),
+            ("edit", True, "prediction", edit),
+            ("story", False, "lookup", chat),
+        ]
+        servers.append(Server(*start_server(model, ["--speculate", args.speculate]), "default", on))
+    if drafting:
         draft = [("edit", False, "draft", drafted), ("story", False, "draft", drafted)]
-        drafting = ["--speculate", args.speculate, "--draft-model", str(args.draft_model)]
-        server = start_server(model, drafting)
-        results |= run("draft", server, "default", draft, args)
+        flags = ["--speculate", args.speculate, "--draft-model", str(args.draft_model)]
+        servers.append(Server(*start_server(model, flags), "default", draft))
         if not args.no_peer:
             peer = [(w, p, "mlx_lm " + m, c) for w, p, m, c in draft]
-            server = start_peer(model, args.tokens, ["--draft-model", str(args.draft_model)])
-            results |= run("mlx_lm", server, str(model), peer, args)
+            started = start_peer(model, args.tokens, ["--draft-model", str(args.draft_model)])
+            servers.append(Server(*started, str(model), peer))
+    results = run(servers, args)
 
     print()
     head = f"{'workload':10}{'mode':16}{'c':>4}{'decode tok/s/req':>18}{'agg tok/s':>11}"
@@ -219,7 +247,7 @@ def main() -> None:
         base = results.get((workload, "off", c))
         ratio = speed / statistics.median(base.decode or [float("nan")]) if base else float("nan")
         print(
-            f"{workload:10}{mode:16}{c:>4}{speed:>18.1f}{r.tokens / r.wall:>11.1f}"
+            f"{workload:10}{mode:16}{c:>4}{speed:>18.1f}{r.tokens / (r.wall or 1):>11.1f}"
             f"{r.acceptance:>12.2f}{ratio:>8.2f}  {len(r.errors)}"
         )
 

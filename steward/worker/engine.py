@@ -55,7 +55,7 @@ from steward.worker.grammar import RESIDENT, Drafted, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
 from steward.worker.outputs import Drawn, Outputs, Row
-from steward.worker.payoff import Kind, kind_of
+from steward.worker.payoff import Kind, Taken, kind_of
 from steward.worker.prepared import Prepared, prepared
 from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
@@ -151,6 +151,7 @@ class Engine:
         # shape, which builds kernels first (the worker says `Shaping` then)
         self.width = 1  # the positions the coming step feeds each decoding row
         self.speculation = Speculation(backend.model, speculate, draft, self.chunks)
+        self.stepped = time.perf_counter()  # when the last step ended: a step's wall clock
         self.batch = self._batch()
 
     def _batch(self) -> Batch:
@@ -170,6 +171,8 @@ class Engine:
         """Join the batch (and how many tokens it prefills: its prompt and resumed answer,
         less what the prompt cache holds), or the request's own 400 (it cannot be prepared
         or fit)."""
+        if not self.busy:  # what it waited idle is no step's (a prompt all cached decodes at once)
+            self.stepped = time.perf_counter()
         ready = req if isinstance(req, Prepared) else self.prepare(req)
         req, backend = ready.req, self.backend
         try:
@@ -294,8 +297,8 @@ class Engine:
                 self._remember(out.all_tokens, out.prompt_cache, member.req)
                 self._forget(out.uid)
         seconds = time.perf_counter() - started - waited
-        steady = not new and not prefill
-        self.speculation.measured(of, seconds, decoded, len(outputs), self.width > 1, steady)
+        taken = Taken(self._wall(), decoded, len(outputs), self.width > 1, prefill > 0, new)
+        self.speculation.measured(of, taken)
         planned = self.chunks.planned(self.batch)
         drawn.clock = StepClock(decoded, prefill, seconds, new, planned)
         return drawn
@@ -442,7 +445,7 @@ class Engine:
             new = self._met((True, 0, 0, 1, solo.prefill_step))
             seconds = time.perf_counter() - started - waited
             self.chunks.observe(prefill, seconds, timed=not new)
-            self.speculation.measured(ALONE, seconds, 0, 0, False, False)  # no steady step
+            self.speculation.measured(ALONE, Taken(self._wall(), 1, 0, False, prefilled=True))
             drawn.prefilled = [member.req.id]
             drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
             return drawn
@@ -463,13 +466,18 @@ class Engine:
             if solo.processors and member.drafter is not None and member.drafter.drafting:
                 self._handover()  # its text copies: it drafts in the batch, grammar and all
         seconds = time.perf_counter() - started - waited
-        # A verify step is steady where it queued the next as it landed: the last of a run
-        # launched nothing ahead, as the first decode step after verifying waits for nothing.
         verified = solo.landed is not None
-        steady = not new and (solo.queued or not verified)
-        self.speculation.measured(ALONE, seconds, 1, len(token_drawn), verified, steady)
+        taken = Taken(self._wall(), 1, len(token_drawn), verified, new=new)
+        self.speculation.measured(ALONE, taken)
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn
+
+    def _wall(self) -> float:
+        """Seconds since the step before ended, or since a request came to an idle engine:
+        a step's cost as the requests see it, its waits and the worker's work between
+        steps too (payoff.py)."""
+        before, self.stepped = self.stepped, time.perf_counter()
+        return self.stepped - before
 
     def _solo_drafts(self, member: Member, solo: Solo) -> Drafts | None:
         """What gives the request alone its drafts, a verify step at a time (none while it

@@ -198,6 +198,9 @@ def _engine(
     kept = calibration.name_here(settings) if gpu else ""
     given = settings.calibration or (calibration.stored(kept) if gpu else None)
     draft = _draft(settings)
+    if draft is not None and gpu:
+        with phases.timed("draft"):
+            draft.warm()
 
     def new(width: int) -> Engine:
         cache_bytes, speculate = settings.prompt_cache_bytes, settings.speculate
@@ -239,14 +242,22 @@ def _fit(backend: Backend, settings: WorkerSettings) -> int:
 
 
 def _draft(settings: WorkerSettings) -> DraftModel | None:
-    """`--draft-model`, loaded (its tokenizer is the model's: the front checked)."""
+    """`--draft-model`, loaded (its tokenizer is the model's: the front checked), or exit
+    78 for one whose cache cannot be rolled back."""
     if settings.draft_model is None or settings.speculate == "none":
         return None
     from mlx_lm import load
 
     from steward.worker.draft_model import DraftModel
+    from steward.worker.speculation import rolls_back
 
     model, _ = load(settings.draft_model)
+    if not rolls_back(model):
+        raise ModelError(  # its reads are padded, then trimmed: a cache that keeps all
+            f"the draft model {settings.draft_model} has layers whose cache cannot be rolled "
+            "back (a sliding window or a state-space layer): a draft model must be plain "
+            "attention"
+        )
     return DraftModel(model)
 
 

@@ -85,7 +85,6 @@ class Solo:
         self.pending: tuple[mx.array, mx.array] | None = None
         self.flight: Flight | None = None  # a verify step queued ahead of the pending token
         self.landed: tuple[int, int] | None = None  # the last step's (drafts, kept)
-        self.queued = False  # the last step queued a verify step ahead (it paid its launch)
 
     def next(self, drafts: Drafts | None = None) -> list[tuple[int, mx.array]] | None:
         """One prefill chunk (None), else the next token and the log-probabilities it was
@@ -100,7 +99,7 @@ class Solo:
             return None
         if self.pending is None:
             self.pending = self._step(mx.array(self.prompt[self.prefilled :]))
-        self.landed, self.queued = None, False
+        self.landed = None
         if self.flight is None and drafts is not None and (first := drafts(0)):
             self.flight = self._queue(self.pending[0], first)
         made = [self._decode()] if self.flight is None else self._land(drafts)
@@ -136,7 +135,6 @@ class Solo:
         assert flight is not None
         after = drafts(flight.width) if drafts is not None else []
         ahead = self._queue(flight.drawn[-1:], after) if after else None
-        self.queued = ahead is not None
         mx.eval(flight.fed, flight.drawn)
         took = agreed(flight.drafts, flight.drawn.tolist())
         self.landed = (len(flight.drafts), took)

@@ -31,7 +31,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from steward.worker.chunks import BUDGET
-from steward.worker.payoff import Kind, Payoff
+from steward.worker.draft_model import MOST
+from steward.worker.payoff import Kind, Payoff, Taken
 
 if TYPE_CHECKING:
     from steward.wire.protocol import Generate
@@ -178,8 +179,7 @@ class Speculation:
     def __init__(
         self, model: Any, speculate: str, draft: DraftModel | None, chunks: Chunks
     ) -> None:
-        layers = make_prompt_cache(model)
-        self.on = speculate != "none" and all(type(c) is KVCache for c in layers)
+        self.on = speculate != "none" and rolls_back(model)
         self.payoff = Payoff() if speculate == "auto" else None
         self.draft = draft
         self.chunks = chunks  # the engine's prefill chunks: how fast a prompt is read
@@ -197,20 +197,19 @@ class Speculation:
 
     def readable(self) -> int:
         """Prompt tokens the draft model may read in a step: what the target prefills in a
-        prefill chunk's time budget (the draft model is the smaller), once measured."""
+        prefill chunk's time budget (the draft model is the smaller), once measured; never
+        more than the shapes it warmed."""
         rate = self.chunks.rate
-        return max(1, int(rate * BUDGET)) if rate else FIRST_READ
+        return min(max(1, int(rate * BUDGET)), MOST) if rate else FIRST_READ
 
     def allows(self, of: Kind) -> bool:
         """Whether a step of this kind may verify drafts at all."""
         return self.on and (self.payoff is None or self.payoff.allows(of))
 
-    def measured(
-        self, of: Kind, seconds: float, rows: int, tokens: int, verified: bool, steady: bool
-    ) -> None:
+    def measured(self, of: Kind, step: Taken) -> None:
         """A step taken, for the judgement of its kind (payoff.py)."""
         if self.on and self.payoff is not None:
-            self.payoff.measured(of, seconds, rows, tokens, verified, steady)
+            self.payoff.measured(of, step)
 
     def drafts(
         self, rows: list[tuple[int, Drafter, int]], width: int, skip: int = 0
@@ -226,6 +225,12 @@ class Speculation:
             if (allowed := min(most, left)) > 0 and (drafted := drafter.propose(allowed, skip)):
                 drafts[uid] = drafted
         return shaped(drafts) if self.gpu else drafts
+
+
+def rolls_back(model: Any) -> bool:
+    """Whether a model's cache can be trimmed of the positions a verify step (or a draft
+    model's padding) did not keep: plain KV layers, no sliding window nor state."""
+    return all(type(layer) is KVCache for layer in make_prompt_cache(model))
 
 
 def shaped(drafts: dict[int, list[int]]) -> dict[int, list[int]]:

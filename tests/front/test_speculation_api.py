@@ -8,6 +8,7 @@ split into thinking and answer, and a tool call parsed, as one token a step is."
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -170,7 +171,7 @@ def test_a_prediction_of_another_type_is_refused(servers) -> None:
     assert response.status_code == 400 and "prediction" in response.text
 
 
-def test_a_draft_model_answers_as_without_and_a_foreign_one_exits_78(
+def test_a_draft_model_answers_as_without_and_a_foreign_or_sliding_one_exits_78(
     servers, tiny_model: Path, tmp_path: Path, default_model_dir: Path, serve
 ) -> None:
     drafted = serve(
@@ -190,6 +191,16 @@ def test_a_draft_model_answers_as_without_and_a_foreign_one_exits_78(
     foreign = serve("--model", str(tiny_model), "--draft-model", str(think))
     assert foreign.exit_code() == 78
     assert "tokenizer is not the model's" in foreign.output()
+    sliding = Path(shutil.copytree(tiny_model, tmp_path / "sliding"))  # the same tokenizer
+    config = json.loads((sliding / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    kinds = ["sliding_attention"] * (layers - 1) + ["full_attention"]  # mlx-lm wants one full
+    config |= {"layer_types": kinds, "sliding_window": 16}
+    (sliding / "config.json").write_text(json.dumps(config))
+    args = ("--model", str(tiny_model), "--draft-model", str(sliding), "--speculate", "always")
+    rolling = serve(*args)
+    assert rolling.exit_code() == 78
+    assert "whose cache cannot be rolled back" in rolling.output()
 
 
 def test_a_thinking_answer_verified_several_tokens_a_step_splits_as_alone(

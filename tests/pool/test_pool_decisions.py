@@ -86,6 +86,9 @@ def test_a_sigterm_while_a_load_waits_for_memory_drains_at_once(tmp_path):
     run(scenario)
 
 
+TICKS = 50  # event-loop turns, not seconds: what the fake link does, it does within them
+
+
 def test_a_load_waits_for_a_failed_models_workers_to_retire(tmp_path):
     """A model whose restart budget is spent is failed at once, but its workers (here its
     warm spare) hold memory until they are gone: the next load must not start beside them."""
@@ -101,7 +104,9 @@ def test_a_load_waits_for_a_failed_models_workers_to_retire(tmp_path):
         assert isinstance(end, ApiError) and end.type == "backend_unavailable"
         await until(lambda: state(pool, "a") is ModelState.FAILED)
         job = ask(pool, "b")
-        await asyncio.sleep(0.1)
+        await until(lambda: state(pool, "b") is ModelState.LOADING)  # b's load is taken
+        for _ in range(TICKS):  # a load started at once has its worker by then
+            await asyncio.sleep(0)
         started_beside = bool(scripts["b"].links)
         held.set()
         assert not started_beside and not job.finished

@@ -10,27 +10,27 @@ import pytest
 
 from steward.wire.faultspec import parse
 from steward.wire.protocol import Generate
-from steward.worker.payoff import FIRST_PAUSE, FRESH, TRIAL, Payoff, kind_of
+from steward.worker.payoff import FIRST_PAUSE, FRESH, WINDOW, Payoff, Taken, kind_of
 
 BATCH = kind_of(False, 8)
 DECODE = 0.010  # seconds of a decode step of BATCH (a token a row)
 
 
-def decode(payoff: Payoff, steps: int = 1, seconds: float = DECODE, of=BATCH) -> None:
+def decode(payoff: Payoff, steps: int = 1, seconds: float = DECODE, **flags: bool) -> None:
     for _ in range(steps):
-        payoff.measured(of, seconds, 8, 8, verified=False, steady=True)
+        payoff.measured(BATCH, Taken(seconds, 8, 8, verified=False, **flags))
 
 
-def verify(payoff: Payoff, tokens: int, steps: int = 1, seconds: float = 0.020) -> None:
+def verify(payoff: Payoff, tokens: int, steps: int = 1, seconds: float = 0.020, **flags) -> None:
     """Verify steps of the 8 rows that gave `tokens` in all, in `seconds` each."""
     for _ in range(steps):
-        payoff.measured(BATCH, seconds, 8, tokens, verified=True, steady=True)
+        payoff.measured(BATCH, Taken(seconds, 8, tokens, verified=True, **flags))
 
 
 def known(seconds: float = DECODE) -> Payoff:
-    """A ledger whose decode step is measured: two steady decode steps in a row."""
+    """A ledger whose decode steps are measured: a window of them."""
     payoff = Payoff()
-    decode(payoff, 2, seconds)
+    decode(payoff, WINDOW, seconds)
     return payoff
 
 
@@ -39,36 +39,36 @@ def test_kinds_are_alone_or_the_rows_rounded_up_to_a_power_of_two() -> None:
     assert [kind_of(False, n)[1] for n in (1, 2, 3, 4, 5, 8, 9, 33)] == [1, 2, 4, 4, 8, 8, 16, 64]
 
 
-def test_a_kind_decodes_until_its_decode_step_is_measured_steady() -> None:
+def test_a_kind_decodes_until_a_window_of_its_decode_steps_is_measured() -> None:
     payoff = Payoff()
     assert not payoff.allows(BATCH)  # never met
-    decode(payoff)
-    assert not payoff.allows(BATCH)  # its first decode step may follow anything: not counted
-    payoff.measured(BATCH, 0.5, 8, 8, verified=False, steady=False)  # a prefill or a new shape
-    decode(payoff)
-    assert not payoff.allows(BATCH)  # the step before was not steady
+    decode(payoff, WINDOW - 1)
+    decode(payoff, 3, prefilled=True)  # steps that prefill, or of a new shape: not counted
+    decode(payoff, 3, new=True)
+    assert not payoff.allows(BATCH)
     decode(payoff)
     assert payoff.allows(BATCH)
+    assert payoff.ledgers[BATCH].decode == pytest.approx(DECODE)
     assert not payoff.allows(kind_of(False, 16))  # each kind is measured on its own
 
 
 def test_verify_steps_that_give_more_than_they_cost_go_on() -> None:
     payoff = known()
-    verify(payoff, tokens=24, steps=3 * TRIAL)  # 3 tokens a row for 2 decode steps' time
+    verify(payoff, tokens=24, steps=3 * WINDOW)  # 3 tokens a row for 2 decode steps' time
     assert payoff.allows(BATCH) and not payoff.paused()
 
 
 def test_verify_steps_that_cost_more_a_token_pause_their_kind_twice_as_long_each_time() -> None:
     payoff = known()
-    verify(payoff, tokens=12, steps=TRIAL)  # 1.5 tokens a row for 2 decode steps' time
-    assert payoff.allows(BATCH)  # not judged before TRIAL verify steps after the first
+    verify(payoff, tokens=12, steps=WINDOW - 1)  # 1.5 tokens a row for 2 decode steps' time
+    assert payoff.allows(BATCH)  # not judged before a window of verify steps
     verify(payoff, tokens=12)
     assert not payoff.allows(BATCH) and payoff.paused() == [BATCH]
     decode(payoff, FIRST_PAUSE - 1)
     assert not payoff.allows(BATCH)
     decode(payoff)
     assert payoff.allows(BATCH)  # tried afresh after the pause
-    verify(payoff, tokens=12, steps=TRIAL + 1)
+    verify(payoff, tokens=12, steps=WINDOW)
     decode(payoff, 2 * FIRST_PAUSE - 1)
     assert not payoff.allows(BATCH)  # the second pause is twice as long
     decode(payoff)
@@ -77,44 +77,50 @@ def test_verify_steps_that_cost_more_a_token_pause_their_kind_twice_as_long_each
 
 def test_a_kind_that_pays_again_starts_its_pauses_short() -> None:
     payoff = known()
-    verify(payoff, tokens=12, steps=TRIAL + 1)
+    verify(payoff, tokens=12, steps=WINDOW)
     decode(payoff, FIRST_PAUSE)
-    verify(payoff, tokens=40, steps=TRIAL + 1)  # its members copy now: 5 tokens a row
+    verify(payoff, tokens=40, steps=WINDOW)  # its members copy now: 5 tokens a row
     assert payoff.allows(BATCH)
-    verify(payoff, tokens=8, seconds=0.05, steps=TRIAL)  # and then they do not
+    verify(payoff, tokens=8, seconds=0.05, steps=WINDOW)  # and then they do not
     assert not payoff.allows(BATCH)
     decode(payoff, FIRST_PAUSE)
     assert payoff.allows(BATCH)  # the first pause's length again
 
 
-def test_the_decode_step_is_measured_again_every_so_many_verify_steps() -> None:
+def test_the_decode_steps_are_measured_again_every_so_many_verify_steps() -> None:
     payoff = known()
     verify(payoff, tokens=24, steps=FRESH)
-    assert not payoff.allows(BATCH)  # two plain steps first
-    decode(payoff)
-    assert not payoff.allows(BATCH)  # the one after a verify step does not count
+    assert not payoff.allows(BATCH)  # a window of plain steps first
+    decode(payoff, WINDOW - 1, seconds=0.030)
+    assert not payoff.allows(BATCH)
     decode(payoff, seconds=0.030)
     assert payoff.allows(BATCH)
-    verify(payoff, tokens=12, steps=TRIAL + 1)  # 1.5 tokens a row for 2 decode steps of 10 ms
-    assert payoff.allows(BATCH)  # judged against the decode step's mean, longer now: it pays
+    verify(payoff, tokens=12, steps=WINDOW)  # 1.5 tokens a row for 2 decode steps of 10 ms
+    assert payoff.allows(BATCH)  # judged against the decode steps measured anew: it pays
 
 
-def test_the_first_step_after_one_of_the_other_sort_is_not_counted() -> None:
-    """The first verify step after decoding waits for the last decode step's work too; the
-    first decode step after verifying waits for nothing."""
+def test_the_decode_steps_measured_anew_are_all_new() -> None:
+    """Decode steps taken while verifying (members that drafted nothing) that did not fill
+    a window are no part of the measure taken anew."""
     payoff = known()
-    verify(payoff, tokens=24, seconds=1.0)  # as if it waited for a long decode step
-    verify(payoff, tokens=24, steps=TRIAL)  # 3 tokens a row for 2 decode steps' time
+    decode(payoff, WINDOW - 1, seconds=1.0)
+    verify(payoff, tokens=24, steps=FRESH)
+    decode(payoff)
+    assert not payoff.allows(BATCH)
+    decode(payoff, WINDOW - 1)
     assert payoff.allows(BATCH)
-    decode(payoff, seconds=0.0001)
-    assert payoff.ledgers[BATCH].decode == DECODE
+    assert payoff.ledgers[BATCH].decode == pytest.approx(DECODE)
 
 
-def test_steps_that_are_not_steady_are_not_judged() -> None:
+def test_a_verify_window_counts_its_slow_steps_its_new_shapes_too() -> None:
+    """One verify step in a window that builds its kernels for a second outweighs the
+    tokens the others gave: the window does not pay; a window that prefills is no measure."""
     payoff = known()
-    for _ in range(3 * TRIAL):  # slow verify steps, each a new shape or prefilling
-        payoff.measured(BATCH, 1.0, 8, 8, verified=True, steady=False)
+    verify(payoff, tokens=40, steps=WINDOW, seconds=1.0, prefilled=True)
     assert payoff.allows(BATCH)
+    verify(payoff, tokens=40, seconds=1.0, new=True)
+    verify(payoff, tokens=40, steps=WINDOW - 1)
+    assert not payoff.allows(BATCH)
 
 
 PROMPT = "def area(w, h):\n    return w * h\n\n" * 6  # the tiny model's answer copies it
@@ -138,11 +144,29 @@ def run(engine, req: Generate) -> tuple[list[int], int]:
     return tokens, accepted
 
 
+def test_an_idle_engine_counts_no_wait_into_a_step(backend) -> None:
+    """A request whose prompt is all cached decodes at once on an idle engine: the seconds
+    it waited idle before are no part of that step's."""
+    import time
+
+    from steward.worker.engine import ALONE, Engine
+
+    engine = Engine(backend, 8, 1 << 24, speculate="auto")
+    first = Generate(id=1, seq=1, attempt=1, max_tokens=4, prompt=PROMPT)
+    run(engine, first)
+    time.sleep(2.0)
+    run(engine, Generate(id=2, seq=1, attempt=1, max_tokens=4, prompt=PROMPT))
+    payoff = engine.speculation.payoff
+    assert payoff is not None and payoff.ledgers[ALONE].decoding.steps >= 6
+    assert payoff.ledgers[ALONE].decoding.seconds < 1.5  # its steps, not the 2 s idle
+
+
 def test_an_engine_whose_verify_steps_do_not_pay_stops_drafting_and_answers_the_same(
     backend,
 ) -> None:
     """Each verify step sleeps 200 ms, far more than the tokens it gives are worth on the
-    tiny model: `auto` pauses after its trial, `always` verifies on, the answers match."""
+    tiny model: `auto` pauses after a window of them, `always` verifies on, the answers
+    match."""
     from steward.worker.engine import Engine
 
     def ask() -> Generate:
