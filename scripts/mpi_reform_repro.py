@@ -1,77 +1,136 @@
-"""Repeat: 3 long streams on an mpi group, SIGSTOP rank 1 mid-stream; when the re-formed
-group is suspected of a hang, dump every rank's native stacks with gdb."""
-import os, re, signal, subprocess, sys, threading, time
+"""Repeat: 3 long streams on an mpi group, SIGKILL or SIGSTOP rank 1 mid-stream; when the
+re-formed group is suspected of a hang, dump every rank's stacks with gdb (rank 1 first).
+
+    python scripts/mpi_reform_repro.py [FAULTS] [--model DIR]
+
+Run from the repository root, beside two busy loops to make it likelier. gdb stops a rank
+while it reads it, which the group's pulse bound takes for a hang: raise the bound for the
+run where the stacks matter. Output under /tmp/sim (the model: /tmp/sim/tiny, built from the
+default model's tokenizer when missing, as tests/conftest.py builds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
+
 import httpx
-sys.path.insert(0, "/work/main")
-from tests.supervisor.test_resume import stream
 
-PORT = 18931
-from tests.ranks.test_ranks import SERVING
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.ranks.test_ranks import SERVING  # noqa: E402
+from tests.supervisor.test_resume import stream  # noqa: E402
+
+PORT = 18977
 URL = f"http://127.0.0.1:{PORT}"
-LOG = Path("/tmp/sim/repro_server.log")
-out = open(LOG, "w")
-server = subprocess.Popen(
-    [sys.executable, "-m", "steward", "serve", "--model", "/tmp/sim/tiny", "--ranks", "2",
-     "--distributed-backend", "mpi", "--standby", "none", "--port", str(PORT), "--queue-timeout", "120", "--max-restarts", "100"],
-    stdout=out, stderr=subprocess.STDOUT, cwd="/work/main")
+OUT = Path("/tmp/sim")
+LOG = OUT / "repro_server.log"
+PROMPTS = ["Count to ten.", "Name a bird.", "Why?"]
+TOKENS = 480
+GDB = ["gdb", "-batch", "-iex", "set auto-load safe-path /"]
+STACKS = ["-ex", "thread apply all py-bt", "-ex", "thread apply all bt 14"]
 
-def health():
+
+def tiny_model(where: Path) -> Path:
+    """The tests' tiny llama, built once."""
+    if not (where / "config.json").is_file():
+        from steward.model.gguf import materialize
+        from steward.model.resolve import resolve_model
+        from tests.tinymodel import build_tiny_model
+
+        build_tiny_model(where, materialize(resolve_model(None)))
+    return where
+
+
+def health() -> dict:
     return httpx.get(URL + "/health", timeout=5).json()
 
-def wait_serving():
+
+def wait_serving() -> dict:
+    """/health once the group serves, every rank of it."""
     for _ in range(600):
         try:
             h = health()
-            if h["status"] in SERVING and h["worker"]["ranks"] and all(r["serving"] for r in h["worker"]["ranks"]):
+            ranks = h["worker"]["ranks"]
+            if h["status"] in SERVING and ranks and all(r["serving"] for r in ranks):
                 return h
-        except Exception:
+        except (httpx.HTTPError, KeyError, TypeError):
             pass
         time.sleep(0.2)
     raise SystemExit("never serving")
 
-def children(pid):
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
 
-def dump(tag):
-    ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,pcpu,etimes,args"], capture_output=True, text=True).stdout
-    Path(f"/tmp/sim/repro_{tag}_ps.txt").write_text(ps)
-    rows = [l.split() for l in ps.splitlines()[1:] if "mpimeet" in l]
-    oldest = max(int(r[4]) for r in rows)
-    pids = sorted((int(r[0]) for r in rows if int(r[4]) == oldest), reverse=True)  # rank 1 first
-    for round in range(1):
-        for pid in pids:
-            r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-iex", "set auto-load safe-path /", "-ex", "thread apply all py-bt", "-ex", "thread apply all bt 14"], capture_output=True, text=True, timeout=120)
-            Path(f"/tmp/sim/repro_{tag}_{pid}_{round}.bt").write_text(r.stdout + "\n--stderr--\n" + r.stderr)
-        time.sleep(1)
-    print("dumped", tag, pids, flush=True)
+def dump(tag: str, ranks: list[int]) -> None:
+    """Each rank's stacks, rank 1 first (rank 0 waits in a collective either way)."""
+    for rank, pid in sorted(enumerate(ranks), reverse=True):
+        said = subprocess.run(
+            [*GDB, "-p", str(pid), *STACKS], capture_output=True, text=True, timeout=180
+        )
+        text = said.stdout + "\n--stderr--\n" + said.stderr
+        (OUT / f"repro_{tag}_r{rank}_{pid}.bt").write_text(text)
+    print("dumped", tag, ranks, flush=True)
 
-PROMPTS = ["Count to ten.", "Name a bird.", "Why?"]
-try:
-    for attempt in range(int(sys.argv[1]) if len(sys.argv) > 1 else 6):
-        h = wait_serving()
-        victim = h["worker"]["ranks"][1]["pid"]
-        started = [threading.Event() for _ in PROMPTS]
-        results = [None] * 3
-        def run(i):
-            results[i] = stream(URL, PROMPTS[i], 480, started[i])
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-        for t in threads: t.start()
-        for e in started: e.wait(60)
-        time.sleep(0.3)
-        mark = LOG.stat().st_size
-        os.kill(victim, signal.SIGKILL if attempt % 2 == 0 else signal.SIGSTOP)
-        dumped = False
-        while any(t.is_alive() for t in threads):
-            text = LOG.read_text()[mark:]
-            if not dumped and "suspected of a hang" in text:
-                dump(f"a{attempt}")
-                dumped = True
-            time.sleep(0.2)
-        print("attempt", attempt, [ (r or {}).get("errors") for r in results ], "dumped" if dumped else "", flush=True)
-finally:
-    server.send_signal(signal.SIGTERM)
-    server.wait(60)
+
+def attempt(number: int) -> bool:
+    """One fault under 3 streams; whether a re-formed group was suspected of a hang (the
+    faulted one is, when stopped: its pulse bound may be raised past the stall bound)."""
+    victim = wait_serving()["worker"]["ranks"][1]["pid"]
+    generation = health()["worker"]["generation"]
+    started = [threading.Event() for _ in PROMPTS]
+    results: list[dict | None] = [None] * len(PROMPTS)
+
+    def run(i: int) -> None:
+        results[i] = stream(URL, PROMPTS[i], TOKENS, started[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for thread in threads:
+        thread.start()
+    for event in started:
+        event.wait(60)
+    time.sleep(0.3)
+    mark = LOG.stat().st_size
+    os.kill(victim, signal.SIGKILL if number % 2 == 0 else signal.SIGSTOP)
+    hung = False
+    while any(thread.is_alive() for thread in threads):
+        if not hung and re.search(
+            rf"worker (?!{generation}\b)\d+ suspected of a hang", LOG.read_text()[mark:]
+        ):
+            hung = True
+            h = health()
+            dump(f"a{number}", [r["pid"] for r in h["worker"]["ranks"]])
+        time.sleep(0.2)
+    errors = [(result or {}).get("errors") for result in results]
+    print("attempt", number, "generation", generation, errors, "HUNG" if hung else "", flush=True)
+    return hung
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("faults", type=int, nargs="?", default=6)
+    parser.add_argument("--model", type=Path, default=OUT / "tiny")
+    args = parser.parse_args()
+    OUT.mkdir(exist_ok=True)
+    model = tiny_model(args.model)
+    command = [sys.executable, "-m", "steward", "serve", "--model", str(model)]
+    command += ["--ranks", "2", "--distributed-backend", "mpi", "--standby", "none"]
+    command += ["--port", str(PORT), "--queue-timeout", "120", "--max-restarts", "1000"]
+    with LOG.open("w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            hangs = sum(attempt(number) for number in range(args.faults))
+            print(f"{hangs} of {args.faults} re-formed groups suspected of a hang", flush=True)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+
+
+if __name__ == "__main__":
+    main()
