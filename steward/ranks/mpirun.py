@@ -19,8 +19,9 @@ that the ranks may outnumber the cores (`--oversubscribe`, unbound; not
 `mpi_yield_when_idle`, whose sched_yield polling starved the front more than plain polling
 does: /health answered in up to 0.9 s against 0.25 s, two ranks on two shared cores), and
 to carry MPI's messages over TCP between the hosts' `ips` alone (the loopback for `--ranks
-N`), as the ring backend does. It reaches other hosts with the ssh and the options remote ranks use
-(remote.py); it runs as root only where the front does (Open MPI refuses, unless told).
+N`), as the ring backend does (`include`). It reaches other hosts with the ssh and the options
+remote ranks use (remote.py); it runs as root only where the front does (Open MPI refuses,
+unless told).
 """
 
 from __future__ import annotations
@@ -72,8 +73,12 @@ def missing(hosts: Sequence[RankHost]) -> str:
 def command(hosts: Sequence[RankHost], folder: Path, wait: float) -> list[str]:
     """mpirun's command line: one rank on each of `hosts`, each to meet in `folder` within
     `wait` s."""
+    return [*launcher(hosts), sys.executable, "-m", RANK, str(folder), str(wait)]
+
+
+def launcher(hosts: Sequence[RankHost]) -> list[str]:
+    """mpirun and its options for one rank on each of `hosts`, up to the program it runs."""
     slots = ",".join(f"{where}:{len(list(run))}" for where, run in groupby(_machines(hosts)))
-    ips = ",".join(sorted({f"{ip}/32" for host in hosts for ip in host.ips}))
     return [
         MPIRUN,
         "-np", str(len(hosts)),
@@ -83,11 +88,21 @@ def command(hosts: Sequence[RankHost], folder: Path, wait: float) -> list[str]:
         "--oversubscribe",
         "--mca", "odls_base_sigkill_timeout", "0",  # SIGKILL, not SIGTERM then 1 s later
         "--mca", "btl", "self,tcp",
-        "--mca", "btl_tcp_if_include", ips,
+        "--mca", "btl_tcp_if_include", include(hosts),
         "--mca", "plm_rsh_agent", " ".join(SSH),
         *(arg for name in KEPT if name in os.environ for arg in ("-x", name)),
-        sys.executable, "-m", RANK, str(folder), str(wait),
     ]  # fmt: skip
+
+
+def include(hosts: Sequence[RankHost]) -> str:
+    """The hosts' `ips` as Open MPI's `btl_tcp_if_include`: each a /31, the narrowest prefix
+    Open MPI 4.1 reads right. A /32 it reads as every interface (its netmask of a prefix
+    shifts a 1 left by the prefix: by 32, a shift of 0 on x86, a netmask of 0), and a rank
+    with two interfaces, the loopback and eth0, splits a message past one TCP fragment (128
+    KiB) over both; its peer files the second link's connection under the first (its
+    address does not match), the fragments sent on it are never read, and both ranks spin
+    in the collective for good. A /31 adds one address, the other of its pair."""
+    return ",".join(sorted({f"{ip}/31" for host in hosts for ip in host.ips}))
 
 
 class Mpirun:

@@ -8,6 +8,7 @@ Skipped, saying so, where mpirun is missing, unless `STEWARD_RANKS_MPI_REQUIRED=
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import signal
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from steward.ranks import mpirun
 from steward.ranks.group import GRACE, SILENCE, WATCH
+from steward.wire.ranks import HERE, RankHost
 from tests.conftest import ROOT, Server, free_port, until
 from tests.ranks.test_ranks import (
     LONG,
@@ -121,6 +124,56 @@ def test_sigterm_drains_and_leaves_no_rank_or_mpirun(serve, tiny_model: Path) ->
     left = [mpirun_of(listed), *(r["pid"] for r in listed)]
     drained_mid_stream(server, LONGER)
     assert [pid for pid in left if not ended(pid)] == []
+
+
+TWO_HERE = [RankHost(HERE, (HERE,))] * 2
+# Two sums as a re-formed group's first steps make them: the canary's (small), then a
+# replayed batch's prefill, 3 prompts of 222 tokens at 64 floats (170 KB: more than one of
+# Open MPI's TCP fragments, 128 KiB)
+SUMS = """
+import mlx.core as mx
+group = mx.distributed.init(strict=True, backend="mpi")
+for size in (5 * 64, 3 * 222 * 64):
+    mx.eval(mx.distributed.all_sum(mx.ones((size,)), group=group))
+print("summed", flush=True)
+"""
+
+
+def netmask(prefix: int) -> int:
+    """Open MPI 4.1's netmask of a CIDR prefix (`opal_net_prefix2netmask`) as x86 computes
+    it: `1 << 32` shifts by 0."""
+    return (((1 << prefix % 32) - 1) << (32 - prefix)) & 0xFFFFFFFF
+
+
+def included(listed: str, address: str) -> bool:
+    """Whether Open MPI 4.1 takes an interface at `address` for `btl_tcp_if_include`."""
+    mine = int(ipaddress.IPv4Address(address))
+    for entry in listed.split(","):
+        ip, prefix = entry.split("/")
+        mask = netmask(int(prefix))
+        if int(ipaddress.IPv4Address(ip)) & mask == mine & mask:
+            return True
+    return False
+
+
+def test_only_the_hosts_addresses_carry_mpi() -> None:
+    """The loopback's entry, as Open MPI 4.1 reads it, takes no other interface: a /32 took
+    every one, and a second link wedged the first large collective (mpirun.py `include`)."""
+    listed = mpirun.include(TWO_HERE)
+    assert included(listed, HERE)
+    assert not included(listed, "192.0.2.2")
+    assert not included(mpirun.include([RankHost("far", ("10.0.0.4",))]), "10.0.0.6")
+
+
+def test_a_large_collective_after_a_small_one_completes() -> None:
+    """Two ranks as steward's mpirun starts them sum what a re-formed group's canary and
+    replayed prefill sum. With the loopback's entry a /32, on a host with a second interface
+    (this one's eth0) the second sum never ended: Open MPI split it over both links."""
+    need_mpirun()
+    env = {**os.environ, **(mpirun.ROOT if os.geteuid() == 0 else {})}
+    argv = [*mpirun.launcher(TWO_HERE), "--timeout", "60", sys.executable, "-c", SUMS]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.count("summed") == 2, done.stdout + done.stderr
 
 
 def test_without_mpirun_exits_78_saying_so(tiny_model: Path) -> None:
