@@ -269,7 +269,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "distributed-backend",
         str,
         "the group's MLX backend: any (ring), ring (TCP), nccl (CUDA GPUs, one a rank), jaccl "
-        "(RDMA over Thunderbolt, with a hostfile's rdma devices); mpi is not built (exit 78)",
+        "(RDMA over Thunderbolt, with a hostfile's rdma devices), mpi (ranks started by Open "
+        "MPI's mpirun, which must be on PATH)",
         choices=["any", "ring", "jaccl", "nccl", "mpi"],
     )
     _flag(p, "rank-join-timeout", float, "seconds every rank of a group has to join it")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from steward.config import ServeConfig
-from steward.ranks import hostfile
-from steward.ranks.formation import BUILT
+from steward.ranks import hostfile, mpirun
+from steward.ranks.formation import placed
 
 
 def configure(config: ServeConfig) -> ServeConfig:
@@ -28,11 +28,10 @@ def configure(config: ServeConfig) -> ServeConfig:
     why = ""
     if config.parallel == "pipeline" and config.distributed_backend == "nccl":
         why = "--parallel pipeline needs send and recv, which the nccl backend lacks"
-    elif config.distributed_backend not in BUILT:
-        why = (
-            f"--distributed-backend {config.distributed_backend} is not built (any, ring, "
-            "nccl and jaccl are): its ranks are started by mpirun, a group's by steward"
-        )
+    elif config.distributed_backend == "mpi" and (
+        unstarted := mpirun.missing(placed(config.rank_hosts, config.ranks))
+    ):
+        why = f"--distributed-backend mpi: {unstarted}"
     elif config.distributed_backend == "jaccl" and config.rank_hosts is None:
         why = "jaccl joins hosts over RDMA: give a --hostfile with each host's rdma devices"
     elif config.distributed_backend == "jaccl" and (

@@ -1,5 +1,7 @@
-"""A rank's process, spawned on this host: by the group for a local rank, or by the tether
-(tether.py) for a rank started over ssh. The worker's code is imported there alone."""
+"""A rank's process, started on this host: by the group for a local rank, or by the tether
+(tether.py) for a rank started over ssh. Spawned here, except on the mpi backend, whose
+ranks mpirun starts and which meet steward for what a spawned rank is given (mpirank.py).
+The worker's code is imported there alone."""
 
 from __future__ import annotations
 
@@ -8,11 +10,25 @@ import multiprocessing
 import socket
 from multiprocessing.process import BaseProcess
 
+from steward.ranks.mpirank import MpiRank
 from steward.wire.ranks import RankPlace
 from steward.wire.settings import WorkerSettings
 
 _spawn = multiprocessing.get_context("spawn")
 ENTRY = "steward.worker.rank"  # its `run(place, settings, line, sock, feeds)`: never imported here
+
+
+def start_rank(
+    place: RankPlace,
+    settings: WorkerSettings,
+    line: socket.socket,
+    sock: socket.socket | None,
+    feeds: list[socket.socket],
+) -> BaseProcess | MpiRank:
+    """The rank's process started (`spawn_rank`), or on mpi, its meeting held for it."""
+    if place.backend == "mpi":
+        return MpiRank(place, settings, line, sock, feeds)
+    return spawn_rank(place, settings, line, sock, feeds)
 
 
 def spawn_rank(

@@ -14,7 +14,9 @@ What each backend reads is what `mlx.launch` gives it:
   where it says, for the ranks here);
 - `jaccl` (RDMA over Thunderbolt): a coordinator, rank 0's address and a port
   (`MLX_JACCL_COORDINATOR`), and the hostfile's RDMA devices, each host's toward each other
-  (a JSON file at the path in `MLX_IBV_DEVICES`).
+  (a JSON file at the path in `MLX_IBV_DEVICES`);
+- `mpi`: nothing: MPI forms the group of the ranks that one `mpirun` started (mpirun.py),
+  and takes no port of ours.
 """
 
 from __future__ import annotations
@@ -25,16 +27,22 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
-from steward.wire.ranks import HERE, RankHost, RankPlace
+from steward.wire.ranks import HERE, Hostfile, RankHost, RankPlace
 
 LOCAL = "127.0.0.1"  # local ranks meet on the loopback
 # The backends a group is formed on, as MLX names them (`any`: the ring, which every build
-# of MLX has). `mpi` is not: its ranks are started by `mpirun`, and a group's are started,
-# watched and killed by steward.
-BUILT = {"any": "ring", "ring": "ring", "nccl": "nccl", "jaccl": "jaccl"}
+# of MLX has)
+BUILT = {"any": "ring", "ring": "ring", "nccl": "nccl", "jaccl": "jaccl", "mpi": "mpi"}
 
 Pairs = tuple[tuple[str, str], ...]
 _given: set[int] = set()  # the ports of groups not yet reaped
+
+
+def placed(hostfile: Hostfile | None, ranks: int) -> tuple[RankHost, ...]:
+    """Where each rank runs: the hostfile's hosts, or `ranks` times here."""
+    if hostfile is not None:
+        return hostfile.hosts
+    return (RankHost(HERE, (LOCAL,)),) * ranks
 
 
 def fresh_ports(count: int, host: str = LOCAL) -> list[int]:
@@ -78,6 +86,8 @@ def release(ports: list[int]) -> None:
 def _joining(backend: str, hosts: Sequence[RankHost]) -> tuple[Pairs, Pairs, list[int]]:
     """The environment and the files every rank of the group reads to join it, and the
     ports they name."""
+    if backend == "mpi":
+        return (), (), []
     if backend == "ring":
         ports = fresh_ports(sum(len(host.ips) for host in hosts))
         each = iter(ports)

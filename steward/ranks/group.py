@@ -12,11 +12,14 @@ rank:
 Killed means SIGKILL, after `GRACE` s for rank 0 to report what it saw itself (a
 `LoadFailed`, a `Failed`): a rank inside a collective does not act on SIGTERM. A rank on
 another host (a hostfile's, remote.py) is killed over ssh, and its session ended. Every
-rank is reaped. Rank 0's channel then ends, and the supervisor replaces the worker as it
-replaces one that crashed: a new group, on fresh ports. The log names the cause: the rank
-killed by a signal, when one is seen within the grace, rather than its peers that exited
-on the lost link first. A front that was itself stopped reads its ranks' waiting pulses
-before it judges their silence.
+rank is reaped. On the mpi backend one mpirun starts every rank (mpirun.py, mpirank.py):
+each is still watched and killed by its own pid; then mpirun, whose exit also faults the
+group, ends the job itself and is reaped (or SIGKILLed, with its process group). Rank 0's
+channel then ends, and the supervisor replaces the worker as it replaces one that
+crashed: a new group, on fresh ports. The log names the cause: the rank killed by a signal,
+when one is seen within the grace, rather than its peers that exited on the lost link
+first. A front that was itself stopped reads its ranks' waiting pulses before it judges
+their silence.
 
 What rank 0 says when it is ready carries where a second copy of the model is tightest
 (room.py), from rank 0's part and the memory each rank's pulses said: the supervisor
@@ -34,14 +37,17 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import msgspec
 
-from steward.ranks.child import spawn_rank
-from steward.ranks.formation import LOCAL, form, holder, release
+from steward.ranks.child import start_rank
+from steward.ranks.formation import form, holder, placed, release
+from steward.ranks.mpirank import ENDED, MpiRank
+from steward.ranks.mpirun import Mpirun
 from steward.ranks.remote import SSH_FAILED, SshRank
 from steward.ranks.room import tightest
 from steward.wire.channel import AsyncChannel
@@ -55,7 +61,7 @@ from steward.wire.protocol import (
     decode_from_worker,
     encode,
 )
-from steward.wire.ranks import HERE, PULSE, RankHost, RankPlace
+from steward.wire.ranks import HERE, PULSE, RankPlace
 from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.ranks")
@@ -71,7 +77,7 @@ class Rank:
     """One rank's process and what its pulses said."""
 
     place: RankPlace
-    process: BaseProcess | SshRank  # an ssh client holds a remote rank
+    process: BaseProcess | SshRank | MpiRank  # an ssh client holds a remote rank; mpi: its meeting
     host: str  # as the hostfile names it (its `ssh`); local ranks: 127.0.0.1
     holder: str  # the memory its part takes: its host's, or its GPU's (formation.py)
     pid: int | None = None  # on its host; a remote rank's is known from its pulses
@@ -82,6 +88,7 @@ class Rank:
     pulse: float = field(default_factory=time.monotonic)  # its last pulse (monotonic)
     progress: float = field(default_factory=time.monotonic)  # it joined or stepped last
     ended: bool = False  # its line ended
+    ended_at: float = float("inf")  # when (monotonic)
 
     def heard(self, joined: bool, serving: bool, steps: int, pid: int, memory: int) -> None:
         now = time.monotonic()
@@ -94,6 +101,8 @@ class Rank:
         """SIGKILL it, on its own host (a remote one, over ssh)."""
         if isinstance(self.process, SshRank):
             self.process.kill(self.pid)
+        elif isinstance(self.process, MpiRank):
+            self.process.kill()
         elif self.process.exitcode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid or 0, 9)
@@ -120,12 +129,14 @@ class RankGroup:
         folder: Path,
         ports: list[int],
         join_timeout: float,
+        launcher: Mpirun | None = None,
     ) -> None:
         self.ranks = ranks
         self.channel = channel
         self.folder = folder  # the files MLX reads, of the ranks here
         self.ports = ports  # given to this group until it is reaped
         self.join_timeout = join_timeout
+        self.launcher = launcher  # mpi: the mpirun that started every rank
         self.started = time.monotonic()
         self._closing = False
         self._naming: asyncio.Task[None] | None = None  # saying what faulted it
@@ -136,42 +147,47 @@ class RankGroup:
     async def spawn(cls, settings: WorkerSettings) -> RankGroup:
         """Every rank started, on fresh ports; none has joined yet."""
         folder = Path(tempfile.mkdtemp(prefix="steward-ranks-"))
-        hosts = _hosts(settings)
+        hosts = placed(settings.hostfile, settings.ranks)
         places, ports = form(hosts, settings.distributed_backend, folder)
         ours, theirs = socket.socketpair()
         feeds = [socket.socketpair() for _ in places[1:]]
         lines = [socket.socketpair() for _ in places]
         ranks: list[Rank] = []
         for place, host, (_, line) in zip(places, hosts, lines, strict=True):
-            process: BaseProcess | SshRank
+            process: BaseProcess | SshRank | MpiRank
             if place.rank == 0:  # here, whatever its host: it speaks the worker channel
-                process = spawn_rank(place, settings, line, theirs, [lead for lead, _ in feeds])
+                process = start_rank(place, settings, line, theirs, [lead for lead, _ in feeds])
             elif host.remote:
                 feed = feeds[place.rank - 1][1]
                 process = SshRank.start(host, place, settings, feed, line)
             else:
-                process = spawn_rank(place, settings, line, None, [feeds[place.rank - 1][1]])
-            pid = None if isinstance(process, SshRank) else process.pid  # remote: its pulses'
+                process = start_rank(place, settings, line, None, [feeds[place.rank - 1][1]])
+            pid = None if isinstance(process, SshRank) else process.pid  # else its pulses'
             held = holder(hosts, place)
             ranks.append(Rank(place, process, host.ssh, held, pid=pid))
         for sock in [theirs, *(s for pair in feeds for s in pair), *(s for _, s in lines)]:
             sock.close()
+        launcher = None
+        if places[0].backend == "mpi":  # every rank's meeting is held: mpirun starts them
+            launcher = Mpirun.start(hosts, folder, settings.rank_join_timeout, _reported(ranks))
         channel = await AsyncChannel.open(ours)
-        group = cls(ranks, channel, folder, ports, settings.rank_join_timeout)
+        group = cls(ranks, channel, folder, ports, settings.rank_join_timeout, launcher)
         for rank, (line, _) in zip(ranks, lines, strict=True):
             group._lines.append(asyncio.ensure_future(group._listen(rank, line)))
         log.info(
-            "group %d: %d %s ranks (pids %s)",
+            "group %d: %d %s ranks (pids %s)%s",
             settings.generation,
             len(ranks),
             places[0].backend,
             ", ".join(_where(rank) for rank in ranks),
+            f", started by mpirun (pid {launcher.pid})" if launcher else "",
         )
         return group
 
     @property
     def pid(self) -> int:
-        return self.ranks[0].process.pid or 0
+        """Rank 0's (an mpi rank's once it came: its mpirun's until then)."""
+        return self.ranks[0].process.pid or (self.launcher.pid if self.launcher else 0)
 
     @property
     def exitcode(self) -> int | None:
@@ -225,9 +241,19 @@ class RankGroup:
         for rank in self.ranks:
             rank.kill()
         await self.wait(KILLED)
+        if self.launcher is not None:
+            await self._end(self.launcher)
         shutil.rmtree(self.folder, ignore_errors=True)
         release(self.ports)
         self.ports = []
+
+    async def _end(self, launcher: Mpirun) -> None:
+        """mpirun, its ranks reaped: it ends the job itself (reaping what it started, here and
+        through each host's daemon; measured: 16 ms), or after `KILLED` s is SIGKILLed with
+        its process group."""
+        await asyncio.to_thread(launcher.join, KILLED)
+        launcher.kill()
+        await asyncio.to_thread(launcher.join)
 
     async def wait(self, timeout: float) -> bool:
         """Reap every rank within `timeout` s; True if all have exited."""
@@ -243,7 +269,7 @@ class RankGroup:
             while True:
                 rank.heard(*PULSE.unpack(await reader.readexactly(PULSE.size)))
         except (asyncio.IncompleteReadError, OSError):
-            rank.ended = True
+            rank.ended, rank.ended_at = True, time.monotonic()
         finally:
             writer.close()
 
@@ -271,16 +297,26 @@ class RankGroup:
         return self._naming
 
     async def _named(self, fault: str) -> None:
-        deadline = time.monotonic() + GRACE
-        while time.monotonic() < deadline and not self._cause_seen():
+        started = time.monotonic()
+        while not self._cause_seen() and time.monotonic() - started < self._patience():
             await asyncio.sleep(WATCH)
         said = self.verdict(time.monotonic()) or fault
         log.error("rank group (pid %d) faulted: %s; killing every rank", self.pid, said)
 
     def _cause_seen(self) -> bool:
-        """A rank killed by a signal, or no rank left to end."""
-        running = [rank for rank in self.ranks if rank.process.exitcode is None]
-        return not running or any(_signalled(rank) for rank in self.ranks)
+        """A rank killed by a signal, or no rank left to end and nothing left for mpirun
+        to report of them."""
+        if any(_signalled(rank) for rank in self.ranks):
+            return True
+        running = any(rank.process.exitcode is None for rank in self.ranks)
+        return not running and (self.launcher is None or self.launcher.said.is_set())
+
+    def _patience(self) -> float:
+        """How long the cause may take to be seen: `GRACE`, or `KILLED` once every rank of
+        an mpi group has ended, its signal to come in mpirun's report (mpirun reaps the
+        ranks, then says: on a loaded machine, after more than `GRACE`)."""
+        ended = all(rank.process.exitcode is not None for rank in self.ranks)
+        return KILLED if self.launcher is not None and ended else GRACE
 
     def verdict(self, now: float) -> str | None:
         """What faults the group now, if anything."""
@@ -288,9 +324,12 @@ class RankGroup:
             for rank in ended:  # a line closes a moment before its process can be reaped
                 if rank.process.exitcode is None:
                     rank.process.join(0.1)
-            # the one killed by a signal is the cause; its peers exit on the lost link after
-            first = min(ended, key=lambda rank: (not _signalled(rank), rank.place.rank))
+            # the one killed by a signal is the cause (else the first whose line ended: an mpi
+            # rank's status is mpirun's); its peers exit on the lost link after
+            first = min(ended, key=lambda r: (not _signalled(r), r.ended_at, r.place.rank))
             return f"{_name(first)} {_ended(first)}"
+        if self.launcher is not None and (code := self.launcher.exitcode) is not None:
+            return f"mpirun (pid {self.launcher.pid}) {describe_exit(code)}"
         for rank in self.ranks:
             if rank.serving and now - rank.pulse > SILENCE:
                 return f"{_name(rank)} silent for {now - rank.pulse:.1f} s (hung)"
@@ -301,16 +340,22 @@ class RankGroup:
         return None
 
 
-def _hosts(settings: WorkerSettings) -> tuple[RankHost, ...]:
-    """Where each rank runs: the hostfile's hosts, or `ranks` times here."""
-    if settings.hostfile is not None:
-        return settings.hostfile.hosts
-    return (RankHost(HERE, (LOCAL,)),) * settings.ranks
+def _reported(ranks: list[Rank]) -> Callable[[int, int], None]:
+    """What mpirun reports a rank killed by (a local rank's status is mpirun's alone)."""
+
+    def killed(rank: int, number: int) -> None:
+        if isinstance(process := ranks[rank].process, MpiRank):
+            process.signal = number
+
+    return killed
 
 
 def _where(rank: Rank) -> str:
-    """As the log names a rank just started: a remote one's pid is not known yet."""
-    return f"ssh {rank.host}" if rank.pid is None else str(rank.pid)
+    """As the log names a rank just started: a remote one's pid is not known yet, nor one
+    that mpirun starts."""
+    if rank.pid is not None:
+        return str(rank.pid)
+    return f"ssh {rank.host}" if isinstance(rank.process, SshRank) else "to come"
 
 
 def _name(rank: Rank) -> str:
@@ -330,4 +375,6 @@ def _ended(rank: Rank) -> str:
         return "closed its line"
     if code == SSH_FAILED and isinstance(rank.process, SshRank):
         return "was lost: its ssh failed (status 255: the host unreachable, or the session cut)"
+    if code == ENDED and isinstance(rank.process, MpiRank):
+        return "ended (its status is mpirun's: it reports it, if a signal)"
     return describe_exit(code)

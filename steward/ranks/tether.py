@@ -10,6 +10,10 @@ reset, a front stopped) within `FRONT_SILENCE` s; then it SIGKILLs the rank and 
 Were the tether itself killed, the rank dies with it (worker/lifeline.py: the parent-death
 signal on Linux, a parent-pid watch elsewhere).
 
+On the mpi backend the rank is not the tether's child but mpirun's (its daemon's, here): the
+tether holds its meeting (mpirank.py) in the group's folder, at the same path as on the
+front's host, where mpirun's command tells the rank to come; it kills it by its pid.
+
 Run as `python -m steward.ranks.tether PAYLOAD`; it exits with its rank's status, 128 + N
 for a rank killed by signal N (the ssh client passes it on).
 """
@@ -29,7 +33,8 @@ from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from steward.ranks.child import spawn_rank
+from steward.ranks.child import start_rank
+from steward.ranks.mpirank import MpiRank
 from steward.wire.ranks import CHUNK, DOWN_BEAT, FRONT_SILENCE
 
 READ = 65536
@@ -41,10 +46,14 @@ def main(payload: str) -> int:
     place, settings = pickle.loads(base64.b64decode(payload))
     out = os.dup(1)  # the rank's line, to the front
     os.dup2(2, 1)  # whatever else is printed here goes to stderr, never into the line
-    folder = Path(tempfile.mkdtemp(prefix="steward-rank-"))  # the files MLX reads
+    if place.backend == "mpi":  # where the rank mpirun starts comes to meet
+        folder = Path(place.folder)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="steward-rank-"))  # the files MLX reads
     line, their_line = socket.socketpair()
     feed, their_feed = socket.socketpair()
-    process = spawn_rank(
+    process = start_rank(
         replace(place, folder=str(folder)),
         replace(settings, parent_pid=os.getpid()),
         their_line,
@@ -63,12 +72,16 @@ def main(payload: str) -> int:
     return 128 - code if code < 0 else code
 
 
-def _relay(feed: socket.socket, line: socket.socket, out: int, process: BaseProcess) -> None:
+def _relay(
+    feed: socket.socket, line: socket.socket, out: int, process: BaseProcess | MpiRank
+) -> None:
     """stdin's chunks to the rank's feed, its line to `out`, until either ends, the rank
-    exits, or the front has been silent for `FRONT_SILENCE` s."""
+    exits (an mpi rank's end is its line's), or the front has been silent for
+    `FRONT_SILENCE` s."""
     heard, pending = time.monotonic(), b""
+    ends = [process.sentinel] if isinstance(process, BaseProcess) else []
     while time.monotonic() - heard < FRONT_SILENCE:
-        ready, _, _ = select.select([0, line, process.sentinel], [], [], DOWN_BEAT)
+        ready, _, _ = select.select([0, line, *ends], [], [], DOWN_BEAT)
         try:
             if 0 in ready:
                 data = os.read(0, READ)
@@ -86,7 +99,7 @@ def _relay(feed: socket.socket, line: socket.socket, out: int, process: BaseProc
                     data = data[os.write(out, data) :]
         except OSError:
             return  # the rank's sockets or the session broke
-        if process.sentinel in ready:
+        if ends and ends[0] in ready:
             return
     print(f"steward tether: no word from the front for {FRONT_SILENCE:.0f} s", file=sys.stderr)
 

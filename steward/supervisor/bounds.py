@@ -17,7 +17,10 @@ and its steps vary little: `FLOOR_GPU` keeps a hang's detection within a GPU's 1
 budget. On a CPU the steps share cores with everything on the machine, and a healthy step
 varies with the machine's load by more than any headroom over what was measured (a tiny
 model's step was silent for over 2 s beside two busy processes on a 2-core machine):
-`FLOOR_CPU`. Until a worker says where it runs, the CPU's.
+`FLOOR_CPU`, for each rank of a group: its step waits at every collective for the rank the
+scheduler ran last, while the ranks already there spin (a group re-formed on two loaded
+cores, two mpi ranks beside the next group's bring-up, was silent for over 3 s before its
+first step). Until a worker says where it runs, the CPU's.
 
 `--stall-timeout` is the ceiling: the most silence ever tolerated, whatever was measured.
 Before anything of the kind in hand is measured (the first worker's first canary, while
@@ -65,9 +68,9 @@ class StepBounds:
         self._prefill: deque[float] = deque(maxlen=KEPT)  # seconds per prompt token
         self._shape: deque[float] = deque(maxlen=KEPT)  # seconds of a new shape's first step
 
-    def device(self, gpu: bool) -> None:
-        """Where the model runs, as its worker said."""
-        self.floor = min(FLOOR_GPU if gpu else FLOOR_CPU, self.ceiling)
+    def device(self, gpu: bool, ranks: int = 1) -> None:
+        """Where the model runs, as its worker said, over how many ranks."""
+        self.floor = min(FLOOR_GPU if gpu else FLOOR_CPU * ranks, self.ceiling)
 
     def measured(self, clock: StepClock) -> None:
         """One step of any worker of the model."""

@@ -319,7 +319,8 @@ class BringUp:
             gpu=msg.device == "gpu",
         )
         self.facts = replace(self.facts, model=model)
-        self.bounds.device(model.gpu)
+        hosts = self.config.rank_hosts
+        self.bounds.device(model.gpu, len(hosts.hosts) if hosts else self.config.ranks)
         if self.golden is None:  # the first worker: the standby is chosen once, and what
             # it measured serves every later one; a group says where a copy is tightest
             room = msg.room or Room(msg.model_bytes, device, "")

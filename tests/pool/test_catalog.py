@@ -100,10 +100,10 @@ def test_each_models_group_is_its_own(tmp_path: Path, tiny_model: Path) -> None:
     slot = Slot(spared, ServeConfig())
     slot.measured = 1000
     assert slot.need() == 2 * budget.need(1000, ServeConfig().prompt_cache_bytes, 2)
-    mpi = f'[a]\npath = "{tiny_model}"\n[b]\npath = "{tiny_model}"\nranks = 2\n'
-    mpi += 'distributed_backend = "mpi"\n'
-    with pytest.raises(CatalogError, match="model b: --ranks 2: --distributed-backend mpi"):
-        check_groups(load([], models_file(tmp_path, mpi), []), ServeConfig())
+    jaccl = f'[a]\npath = "{tiny_model}"\n[b]\npath = "{tiny_model}"\nranks = 2\n'
+    jaccl += 'distributed_backend = "jaccl"\n'
+    with pytest.raises(CatalogError, match="model b: --ranks 2: jaccl joins hosts over RDMA"):
+        check_groups(load([], models_file(tmp_path, jaccl), []), ServeConfig())
 
 
 def test_model_flags_name_models_or_keep_todays_bare_path(tiny_model: Path) -> None:

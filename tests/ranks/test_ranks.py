@@ -8,10 +8,12 @@ sums' rounding differs and greedy answers part after a few tokens.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -95,6 +97,12 @@ def dialects(url: str, prompt: str) -> dict[str, str]:
 def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path) -> None:
     one = serve("--model", str(tiny_model), "--standby", "none")
     one.wait()
+    same_as_one_process(group, one)
+
+
+def same_as_one_process(group: Server, one: Server) -> list[dict]:
+    """Both ranks of `group` serving, and its greedy answers those of `one` (the model in a
+    single process), streamed and not, in every dialect; the ranks, as /health lists them."""
     listed = every_rank_serving(group)
     assert [r["rank"] for r in listed] == [0, 1]
     assert all(r["alive"] and r["joined"] for r in listed)
@@ -107,6 +115,7 @@ def test_greedy_answers_equal_one_process(group: Server, serve, tiny_model: Path
         assert all(answers.values()), answers
         assert dialects(group.url, prompt) == answers
         assert stream(group.url, prompt)["text"] == stream(one.url, prompt)["text"]
+    return listed
 
 
 def rank_series(server: Server) -> dict[str, float]:
@@ -134,16 +143,39 @@ def test_metrics_are_labelled_per_rank(group: Server) -> None:
         assert sample("steward_rank_since_progress_seconds", rank=rank, host="127.0.0.1") in series
 
 
-def hit_mid_stream(server: Server, fault: signal.Signals) -> tuple[list[dict], list[dict], float]:
-    """Three streams decoding when rank 1 gets `fault`: what each client saw, each prompt's
-    unfaulted answer, and how long the group took to be seen faulted."""
-    references = [stream(server.url, prompt, LONG) for prompt in PROMPTS]
+# Held while a group is faulted and re-formed: two groups re-forming at once, from the suite's
+# two workers, each with the next group's ranks starting beside it, starve each other's
+# collectives on two cores past the stall bound (an mpi rank spins in a collective).
+FAULTING = Path(tempfile.gettempdir()) / "steward-tests-group-fault.lock"
+
+
+def hit_mid_stream(
+    server: Server, fault: signal.Signals, tokens: int = LONG, prompts: list[str] = PROMPTS
+) -> tuple[list[dict], list[dict], float]:
+    """Streams of `tokens` decoding, one for each of `prompts`, when rank 1 gets `fault`:
+    what each client saw, each prompt's unfaulted answer, and how long the group took to be
+    seen faulted. One test worker at a time faults a group (`FAULTING`)."""
+    with FAULTING.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return _hit_mid_stream(server, fault, tokens, prompts)
+
+
+def _hit_mid_stream(
+    server: Server, fault: signal.Signals, tokens: int, prompts: list[str]
+) -> tuple[list[dict], list[dict], float]:
+    references = [stream(server.url, prompt, tokens) for prompt in prompts]
     before = server.health().json()
     victim = before["worker"]["ranks"][1]["pid"]
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        seen = [pool.submit(stream, server.url, prompt, LONG) for prompt in PROMPTS]
-        busy = server.until(lambda h: h["in_flight"] == len(PROMPTS), within=60)
-        steps = busy["worker"]["ranks"][0]["steps"]
+    started = [threading.Event() for _ in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        seen = [
+            pool.submit(stream, server.url, prompt, tokens, event)
+            for prompt, event in zip(prompts, started, strict=True)
+        ]
+        # every stream has its first token (seen by its client: a look at /health, slow
+        # on a loaded machine, can fall between two streams' ends)
+        assert all(event.wait(60) for event in started), "every stream decoding"
+        steps = server.health().json()["worker"]["ranks"][0]["steps"]
         # two steps more with every stream in the batch: tokens are on their way to each
         server.until(lambda h: h["worker"]["ranks"][0]["steps"] >= steps + 2, within=60)
         os.kill(victim, fault)
@@ -249,21 +281,25 @@ def test_sigterm_drains_a_group_and_leaves_no_rank(serve, tiny_model: Path) -> N
     server = serve("--model", str(tiny_model), "--ranks", "2")
     server.wait()
     pids = [r["pid"] for r in ranks(server)]
+    drained_mid_stream(server, LONG)
+    assert all(gone(pid) for pid in pids)
+
+
+def drained_mid_stream(server: Server, tokens: int) -> None:
+    """SIGTERM while a stream of `tokens` decodes: it ends whole, and the front exits 0."""
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(stream, server.url, PROMPTS[0], LONG)
+        answer = pool.submit(stream, server.url, PROMPTS[0], tokens)
         server.until(lambda h: h["in_flight"] == 1, within=60)
         server.proc.send_signal(signal.SIGTERM)
         seen = answer.result(timeout=120)
     assert seen["done"] and seen["errors"] == [] and seen["finish"] == "length"
     assert server.exit_code(timeout=60) == 0
-    assert all(gone(pid) for pid in pids)
 
 
 @pytest.mark.parametrize(
     ("args", "why"),
     [
         (["--distributed-backend", "jaccl"], "jaccl joins hosts over RDMA: give a --hostfile"),
-        (["--distributed-backend", "mpi"], "--distributed-backend mpi is not built"),
         (["--distributed-backend", "nccl"], "--distributed-backend nccl: MLX"),
         (["--ranks", "3"], "the model's attention heads do not divide over 3 ranks"),
         (["--parallel", "pipeline"], "--parallel pipeline: a llama model has no pipeline()"),

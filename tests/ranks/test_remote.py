@@ -23,6 +23,7 @@ import pytest
 from steward.ranks.group import GRACE, SILENCE, WATCH
 from steward.wire.ranks import DOWN_BEAT, FRONT_SILENCE
 from tests.conftest import ROOT, Server, free_port, until
+from tests.ranks.test_mpi import LONGER, ended
 from tests.ranks.test_ranks import (
     PROMPTS,
     completion,
@@ -62,7 +63,8 @@ def ssh_bin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         "UsePAM no\nPermitRootLogin yes\n"
     )
     (folder / "ssh_config").write_text(
-        f"Host localhost\n  HostName 127.0.0.1\n  Port {port}\n  IdentityFile {folder / 'user'}\n"
+        f"Host localhost far\n  HostName 127.0.0.1\n  Port {port}\n"
+        f"  IdentityFile {folder / 'user'}\n"
         f"  UserKnownHostsFile {folder / 'known_hosts'}\n  StrictHostKeyChecking no\n"
     )
     bin_dir = folder / "bin"
@@ -130,6 +132,20 @@ def _parent(pid: int) -> int:
 
 def _argv(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_text().rstrip("\0").split("\0")
+
+
+def _running(module: str) -> set[int]:
+    """Every process running `python -m module`."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = _argv(int(entry.name))
+            except OSError:
+                continue
+            if argv[1:3] == ["-m", module]:
+                found.add(int(entry.name))
+    return found
 
 
 def _children(pid: int, name: str) -> set[int]:
@@ -238,6 +254,45 @@ def test_auto_keeps_a_hot_spare_group_on_both_hosts(
     until(lambda: all(gone(pid) for pid in spare | behind), 10, "no process left on either host")
 
 
+@pytest.fixture(scope="module")
+def mpi_hostfile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Rank 0 here, rank 1 on "far" (the same sshd): mpirun takes `localhost` for here."""
+    path = tmp_path_factory.mktemp("hosts") / "mpi.json"
+    hosts = [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "far", "ips": ["127.0.0.1"]}]
+    path.write_text(json.dumps({"backend": "mpi", "hosts": hosts}))
+    return path
+
+
+def test_an_mpi_rank_over_ssh_killed_mid_stream(
+    tiny_model: Path, mpi_hostfile: Path, ssh_bin: Path
+) -> None:
+    """mpirun starts rank 1 over ssh (its daemon, orted, on "far"), where a tether holds its
+    meeting: killed mid-stream, every stream ends whole, the group is re-formed, and no
+    process of the old group is left on either host (ranks, tether, sessions, orted)."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("Open MPI is not installed (mpirun)")
+    server = over_ssh(tiny_model, mpi_hostfile, ssh_bin, "--standby", "none")
+    try:
+        generation = server.health().json()["worker"]["generation"]
+        listed = every_rank_serving(server)
+        assert [(r["rank"], r["host"]) for r in listed] == [(0, "127.0.0.1"), (1, "far")]
+        old = {r["pid"] for r in listed} | {_parent(r["pid"]) for r in listed}  # mpirun, orted
+        assert {_argv(pid)[0].rsplit("/", 1)[-1] for pid in old} >= {"mpirun", "orted"}
+        old |= _running("steward.ranks.tether")
+        old |= {_parent(pid) for pid in old} - {server.proc.pid}  # their ssh sessions
+        answers, references, noticed = hit_mid_stream(server, signal.SIGKILL, LONGER)
+        for seen, reference in zip(answers, references, strict=True):
+            assert_whole(seen, reference)
+        print(f"an mpi rank over ssh SIGKILLed: seen in {noticed:.2f} s")
+        serving_again(server, generation)
+        until(lambda: all(ended(pid) for pid in old), 10, "the old group gone on both hosts")
+    finally:
+        server.stop()
+
+
+MIXED = ["a", "b", "127.0.0.1"]  # here (rank 0's, whatever its name), there, here again
+
+
 @pytest.mark.parametrize(
     ("hosts", "args", "why"),
     [
@@ -246,7 +301,11 @@ def test_auto_keeps_a_hot_spare_group_on_both_hosts(
             [],
             "host 0 (a): rdma lists one device per host",
         ),
-        ({"backend": "mpi", "hosts": [{"ssh": "a", "ips": ["1.2.3.4"]}] * 2}, [], "mpi is not"),
+        (
+            {"backend": "mpi", "hosts": [{"ssh": h, "ips": ["1.2.3.4"]} for h in MIXED]},
+            [],
+            "mpirun places a host's ranks together: list each host's ranks in a row",
+        ),
         ([{"ssh": "a", "ips": ["1.2.3.4"]}] * 2, ["--ranks", "2"], "give one or the other"),
     ],
 )

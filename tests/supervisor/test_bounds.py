@@ -42,6 +42,16 @@ def test_the_floor_and_the_ceiling_hold_whatever_was_measured():
     assert slow.allowed(Work(32)) == CEILING  # nothing measured exceeds the ceiling
 
 
+def test_a_group_on_a_cpu_has_the_floor_of_each_rank_a_gpu_one_the_gpus():
+    """Ranks sharing a CPU's cores wait at every collective for the one scheduled last."""
+    group = StepBounds(CEILING)
+    group.device(False, ranks=2)
+    group.measured(StepClock(32, 0, 0.01))
+    assert group.allowed(Work(32)) == 2 * FLOOR_CPU
+    group.device(True, ranks=2)
+    assert group.allowed(Work(32)) == FLOOR_GPU
+
+
 def test_a_wider_batch_grows_from_the_widest_measured_and_is_a_new_shape():
     bounds = measured(StepClock(4, 0, 0.5, new_shape=True), StepClock(4, 0, 0.5))
     # 16 wide: never seen; its step at most 4x the 4-wide one's, and maybe new kernels

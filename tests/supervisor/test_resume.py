@@ -7,6 +7,7 @@ run's. Only when resuming is impossible (here: quarantine) does an error event e
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,9 +18,16 @@ import pytest
 CHAT = [{"role": "user", "content": "Tell me about lighthouses."}]
 
 
-def stream(url: str, content: str = CHAT[0]["content"], max_tokens: int = 16, **extra: Any) -> dict:
+def stream(
+    url: str,
+    content: str = CHAT[0]["content"],
+    max_tokens: int = 16,
+    started: threading.Event | None = None,
+    **extra: Any,
+) -> dict:
     """The streamed answer as the client saw it: text, events, finish, usage, errors, and
-    the longest wait between two of its events (`gap`); `extra`: more of the body."""
+    the longest wait between two of its events (`gap`); `started` is set at its first
+    event; `extra`: more of the body."""
     body = {
         **extra,
         "messages": [{"role": "user", "content": content}],
@@ -34,6 +42,8 @@ def stream(url: str, content: str = CHAT[0]["content"], max_tokens: int = 16, **
         last = None
         for line in r.iter_lines():
             if line.startswith("data: "):
+                if started is not None:
+                    started.set()
                 now = time.monotonic()
                 seen["gap"] = max(seen["gap"], now - (last or now))
                 last = now
