@@ -55,7 +55,7 @@ POSITIONS = 256  # on a GPU, a verify step's rows times its width, at most (padd
 MOST_ON_CPU = 2
 FEW = 3  # positions a row that MLX's CUDA attention computes as it decodes (`shaped`)
 FIRST_READ = 16  # prompt tokens a draft model reads a step before prefill speed is measured
-BETS = 2  # verify steps in a row that kept every draft, before a member bets on the next
+BETS = 4  # verify steps in a row that kept every draft, before a member bets on the next
 
 
 class Ngrams:
@@ -193,15 +193,18 @@ class Drafter:
             self.kept = 1.0  # judged afresh after the rest
 
     def _continuation(self, count: int) -> list[int]:
-        """The `count` tokens that follow the answer's place in the prediction (until the
-        answer is past its end), else in the prompt and answer."""
+        """The `count` tokens that follow the answer's place in a text it copies: the one it
+        is still copying first (the prediction before the prompt and answer where both
+        are), else the first found again by the answer's last tokens. A place found again
+        is a guess; a place the answer kept to is evidence: a prediction found again at a
+        like line must not stand before a prompt the answer is copying."""
         tokens = self.context.text.tokens
         key = tuple(tokens[-ORDER:])
-        if self.prediction is not None and (
-            found := self.prediction.continuation(key, count, len(self.prediction.text.tokens) + 1)
-        ):
-            return found
-        return self.context.continuation(key, count, len(tokens))
+        sources = [self.context] if self.prediction is None else [self.prediction, self.context]
+        for source in sorted(sources, key=lambda source: not source.following):
+            if found := source.continuation(key, count, len(source.text.tokens) + 1 - source.grows):
+                return found
+        return []
 
 
 class Speculation:

@@ -400,3 +400,26 @@ def test_an_answer_repeating_its_last_tokens_is_drafted_a_whole_continuation() -
     for token in [7] * 8:
         drafter.extend(token)
     assert drafter.drafting and drafter.propose(4) == [7, 7, 7, 7]
+
+
+def test_a_prompt_the_answer_copies_stands_before_a_prediction_found_again() -> None:
+    """The answer leaves the prediction for a line of the prompt: the prompt, which it keeps
+    to, drafts; not the prediction found again at a like line further on."""
+    prediction = [1, 2, 3, 10, 4, 5, 6, 1, 2, 3, 20, 4, 5, 6]
+    drafter = Drafter([1, 2, 3, 30, 4, 5, 6, 8, 9, 11, 12, 13], prediction, resumed=False)
+    for token in (1, 2, 3, 30, 4, 5, 6):
+        drafter.extend(token)
+    assert drafter.propose(3) == [9, 11, 12]  # 8 stands for the token fed next
+
+
+def test_a_member_bets_ahead_only_while_its_drafts_are_all_kept() -> None:
+    """A verify step queued before the last is read back (`skip`) is thrown away when a
+    draft is refused: a member proposes one only after BETS steps that kept every draft."""
+    drafter = Drafter([1, 2], list(range(100, 160)), resumed=False)
+    assert drafter.propose(4) and drafter.propose(4, skip=5) == []
+    for offered in range(1, BETS + 1):
+        assert drafter.propose(4, skip=5) == []
+        drafter.observe(offered, offered)
+    assert drafter.propose(4, skip=5) == [106, 107, 108, 109]
+    drafter.observe(8, 3)
+    assert drafter.propose(4, skip=5) == []
