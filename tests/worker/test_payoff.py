@@ -10,7 +10,7 @@ import pytest
 
 from steward.wire.faultspec import parse
 from steward.wire.protocol import Generate
-from steward.worker.payoff import FIRST_PAUSE, FRESH, WINDOW, Payoff, Taken, kind_of
+from steward.worker.payoff import FIRST_PAUSE, FRESH, OVERRUN, WINDOW, Payoff, Taken, kind_of
 
 BATCH = kind_of(False, 8)
 DECODE = 0.010  # seconds of a decode step of BATCH (a token a row)
@@ -75,13 +75,29 @@ def test_verify_steps_that_cost_more_a_token_pause_their_kind_twice_as_long_each
     assert payoff.allows(BATCH)
 
 
+def test_verify_steps_that_cost_tens_of_decode_steps_are_judged_in_a_few() -> None:
+    """A window of verify steps is judged once it has taken OVERRUN windows of decode
+    steps' time, on the steps it has: a trial of dear steps costs that, not sixteen steps."""
+    payoff = known()
+    dear = 12 * DECODE  # 3 tokens a row for twelve decode steps' time
+    steps = -(-OVERRUN * WINDOW // 12)  # steps until the trial's time is spent
+    verify(payoff, tokens=24, steps=steps - 1, seconds=dear)
+    assert payoff.allows(BATCH)
+    verify(payoff, tokens=24, seconds=dear)
+    assert not payoff.allows(BATCH) and steps < WINDOW
+    cheap = known()
+    verify(cheap, tokens=64, steps=WINDOW, seconds=dear / 2)  # 8 tokens a row: it pays
+    assert cheap.allows(BATCH) and not cheap.paused()
+
+
 def test_a_kind_that_pays_again_starts_its_pauses_short() -> None:
     payoff = known()
     verify(payoff, tokens=12, steps=WINDOW)
     decode(payoff, FIRST_PAUSE)
     verify(payoff, tokens=40, steps=WINDOW)  # its members copy now: 5 tokens a row
     assert payoff.allows(BATCH)
-    verify(payoff, tokens=8, seconds=0.05, steps=WINDOW)  # and then they do not
+    trial = -(-OVERRUN * WINDOW * DECODE // 0.05)  # steps until the trial's time is spent
+    verify(payoff, tokens=8, seconds=0.05, steps=int(trial))  # and then they do not
     assert not payoff.allows(BATCH)
     decode(payoff, FIRST_PAUSE)
     assert payoff.allows(BATCH)  # the first pause's length again
