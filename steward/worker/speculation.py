@@ -105,18 +105,21 @@ class Source:
             self.following = self.place < len(tokens) and tokens[self.place] == token
             self.place += self.following
 
-    def continuation(self, key: tuple[int, ...], count: int, before: int) -> list[int]:
-        """Up to `count` tokens from the answer's place, found again by `key` (of the
-        occurrences ending before `before`) where it is lost; in a text that grows, also
-        where the answer copies its own last tokens too closely for `count` (a line
-        repeated): an earlier occurrence that continues `count` tokens is then taken."""
-        text = self.text
-        short = self.grows and len(text.tokens) - self.place < count
-        if not self.following or short:
-            found = short and text.after(key, before - count + 1, near=self.place)
-            found = found or text.after(key, before, near=self.place)
-            self.place, self.following = found or self.place, found is not None
-        return text.tokens[self.place : self.place + count] if self.following else []
+    def continuation(self, key: tuple[int, ...], count: int) -> list[int]:
+        """Up to `count` tokens from the answer's place, found again by `key` where it is
+        lost; in a text that grows, also where the answer copies its own last tokens too
+        closely for `count` (a line repeated): an earlier occurrence that continues `count`
+        tokens is then taken. (A text that grows ends with `key` itself: not a place.)"""
+        tokens = self.text.tokens
+        before = len(tokens) + (not self.grows)  # of the occurrences ending before this
+        short = self.grows and len(tokens) - self.place < count
+        if self.following and not short:
+            return tokens[self.place : self.place + count]
+        found = self.text.after(key, before - count + 1, near=self.place) if short else None
+        if found is None:
+            found = self.text.after(key, before, near=self.place)
+        self.place, self.following = found or self.place, found is not None
+        return tokens[self.place : self.place + count] if self.following else []
 
 
 class Drafter:
@@ -202,7 +205,7 @@ class Drafter:
         key = tuple(tokens[-ORDER:])
         sources = [self.context] if self.prediction is None else [self.prediction, self.context]
         for source in sorted(sources, key=lambda source: not source.following):
-            if found := source.continuation(key, count, len(source.text.tokens) + 1 - source.grows):
+            if found := source.continuation(key, count):
                 return found
         return []
 

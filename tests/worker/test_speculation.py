@@ -382,14 +382,14 @@ def test_a_copy_is_followed_in_order_past_text_of_the_same_shape() -> None:
     not at the latest occurrence (the third)."""
     text = [token for i in (1, 2, 3) for token in (1, 2, 3, 10 * i, 4, 5, 6)]
     source = Source(text, following=False, grows=False)
-    assert source.continuation((4, 5, 6), 4, len(text)) == [1, 2, 3, 20]  # after the first
+    assert source.continuation((4, 5, 6), 4) == [1, 2, 3, 20]  # after the first
     for token in (1, 2, 3):
         source.advance(token)
-    assert source.continuation((4, 5, 6), 3, len(text)) == [20, 4, 5]
+    assert source.continuation((4, 5, 6), 3) == [20, 4, 5]
     source.advance(99)  # the answer writes its own name
     assert not source.following
-    assert source.continuation((99, 4, 5), 2, len(text)) == []  # nowhere: lost
-    assert source.continuation((4, 5, 6), 2, len(text)) == [1, 2]  # the third function's
+    assert source.continuation((99, 4, 5), 2) == []  # nowhere: lost
+    assert source.continuation((4, 5, 6), 2) == [1, 2]  # the third function's
     assert source.place == 14
 
 
