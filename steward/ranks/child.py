@@ -7,42 +7,28 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
-import socket
 from multiprocessing.process import BaseProcess
 
 from steward.ranks.mpirank import MpiRank
-from steward.wire.ranks import RankPlace
+from steward.wire.ranks import RankPlace, Wiring
 from steward.wire.settings import WorkerSettings
 
 _spawn = multiprocessing.get_context("spawn")
-ENTRY = "steward.worker.rank"  # its `run(place, settings, line, sock, feeds)`: never imported here
+ENTRY = "steward.worker.rank"  # its `run(place, settings, wiring)`: never imported here
 
 
-def start_rank(
-    place: RankPlace,
-    settings: WorkerSettings,
-    line: socket.socket,
-    sock: socket.socket | None,
-    feeds: list[socket.socket],
-) -> BaseProcess | MpiRank:
+def start_rank(place: RankPlace, settings: WorkerSettings, wiring: Wiring) -> BaseProcess | MpiRank:
     """The rank's process started (`spawn_rank`), or on mpi, its meeting held for it."""
     if place.backend == "mpi":
-        return MpiRank(place, settings, line, sock, feeds)
-    return spawn_rank(place, settings, line, sock, feeds)
+        return MpiRank(place, settings, wiring)
+    return spawn_rank(place, settings, wiring)
 
 
-def spawn_rank(
-    place: RankPlace,
-    settings: WorkerSettings,
-    line: socket.socket,
-    sock: socket.socket | None,
-    feeds: list[socket.socket],
-) -> BaseProcess:
-    """The rank's process, started: `line` its pulse's, `sock` rank 0's channel, `feeds`
-    rank 0's to every other rank or another rank's from rank 0 (worker/rank.py)."""
+def spawn_rank(place: RankPlace, settings: WorkerSettings, wiring: Wiring) -> BaseProcess:
+    """The rank's process, started with its sockets (worker/rank.py)."""
     process = _spawn.Process(
         target=_child,
-        args=(place, settings, line, sock, feeds),
+        args=(place, settings, wiring),
         name=f"steward-rank-{settings.generation}.{place.rank}",
     )
     process.daemon = True
@@ -50,11 +36,5 @@ def spawn_rank(
     return process
 
 
-def _child(
-    place: RankPlace,
-    settings: WorkerSettings,
-    line: socket.socket,
-    sock: socket.socket | None,
-    feeds: list[socket.socket],
-) -> None:
-    importlib.import_module(ENTRY).run(place, settings, line, sock, feeds)
+def _child(place: RankPlace, settings: WorkerSettings, wiring: Wiring) -> None:
+    importlib.import_module(ENTRY).run(place, settings, wiring)

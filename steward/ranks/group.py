@@ -61,7 +61,7 @@ from steward.wire.protocol import (
     decode_from_worker,
     encode,
 )
-from steward.wire.ranks import HERE, PULSE, RankPlace
+from steward.wire.ranks import HERE, PULSE, RankPlace, Wiring
 from steward.wire.settings import WorkerSettings
 
 log = logging.getLogger("steward.ranks")
@@ -156,12 +156,15 @@ class RankGroup:
         for place, host, (_, line) in zip(places, hosts, lines, strict=True):
             process: BaseProcess | SshRank | MpiRank
             if place.rank == 0:  # here, whatever its host: it speaks the worker channel
-                process = start_rank(place, settings, line, theirs, [lead for lead, _ in feeds])
+                wiring = Wiring(line, theirs, [lead for lead, _ in feeds])
+                process = start_rank(place, settings, wiring)
             elif host.remote:
                 feed = feeds[place.rank - 1][1]
                 process = SshRank.start(host, place, settings, feed, line)
             else:
-                process = start_rank(place, settings, line, None, [feeds[place.rank - 1][1]])
+                process = start_rank(
+                    place, settings, Wiring(line, None, [feeds[place.rank - 1][1]])
+                )
             pid = None if isinstance(process, SshRank) else process.pid  # else its pulses'
             held = holder(hosts, place)
             ranks.append(Rank(place, process, host.ssh, held, pid=pid))

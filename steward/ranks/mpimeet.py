@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from steward.ranks.child import ENTRY
 from steward.ranks.mpirank import LOOK, PID, SIZE, exactly, meeting
+from steward.wire.ranks import Wiring
 
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")  # Open MPI's, and MPICH's
 
@@ -44,9 +45,9 @@ def come(folder: str, wait: float) -> None:
     place, settings, speaks = pickle.loads(exactly(conn, size))
     conn.close()
     line, *rest = [socket.socket(fileno=fd) for fd in fds]
-    sock, feeds = (rest[0], rest[1:]) if speaks else (None, rest)
+    wiring = Wiring(line, rest[0], rest[1:]) if speaks else Wiring(line, None, rest)
     settings = replace(settings, parent_pid=os.getppid())
-    importlib.import_module(ENTRY).run(place, settings, line, sock, feeds)
+    importlib.import_module(ENTRY).run(place, settings, wiring)
 
 
 if __name__ == "__main__":

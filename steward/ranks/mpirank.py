@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from steward.wire.ranks import RankPlace
+from steward.wire.ranks import RankPlace, Wiring
 from steward.wire.settings import WorkerSettings
 
 PID = struct.Struct("!I")  # the rank's pid, the first thing it says
@@ -44,15 +44,9 @@ class MpiRank:
     """A rank mpirun starts, as the group (or its tether) sees a spawned rank's process:
     what `spawn_rank` would give it, held at its meeting socket until it comes."""
 
-    def __init__(
-        self,
-        place: RankPlace,
-        settings: WorkerSettings,
-        line: socket.socket,
-        sock: socket.socket | None,
-        feeds: list[socket.socket],
-    ) -> None:
+    def __init__(self, place: RankPlace, settings: WorkerSettings, wiring: Wiring) -> None:
         self.pid: int | None = None  # once it came
+        line, sock, feeds = wiring
         self._given = [given.dup() for given in [line, *([sock] if sock else []), *feeds]]
         self._payload = pickle.dumps((place, settings, sock is not None))
         self._listener = socket.socket(socket.AF_UNIX)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from steward.ranks.child import start_rank
 from steward.ranks.mpirank import MpiRank
-from steward.wire.ranks import CHUNK, DOWN_BEAT, FRONT_SILENCE
+from steward.wire.ranks import CHUNK, DOWN_BEAT, FRONT_SILENCE, Wiring
 
 READ = 65536
 
@@ -56,9 +56,7 @@ def main(payload: str) -> int:
     process = start_rank(
         replace(place, folder=str(folder)),
         replace(settings, parent_pid=os.getpid()),
-        their_line,
-        None,
-        [their_feed],
+        Wiring(their_line, None, [their_feed]),
     )
     their_line.close()
     their_feed.close()

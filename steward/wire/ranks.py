@@ -15,8 +15,10 @@ fits is decided from every host's (ranks/room.py).
 
 from __future__ import annotations
 
+import socket
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # joined, serving, steps run so far, its pid (on its host), its device's memory (0: not known)
 PULSE = struct.Struct("!??QIQ")
@@ -29,6 +31,15 @@ BEAT = 0.25  # seconds between two pulses
 CHUNK = struct.Struct("!I")
 DOWN_BEAT = 1.0
 FRONT_SILENCE = 10.0
+
+
+class Wiring(NamedTuple):
+    """A rank's sockets: `line` its pulse's, `sock` rank 0's worker channel (None on the
+    others), `feeds` rank 0's to every other rank, or another rank's from rank 0."""
+
+    line: socket.socket
+    sock: socket.socket | None
+    feeds: list[socket.socket]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import traceback
 
 from steward.wire.channel import BlockingChannel
 from steward.wire.protocol import FromWorker, Load, LoadFailed, encode
-from steward.wire.ranks import BEAT, PULSE, RankPlace
+from steward.wire.ranks import BEAT, PULSE, RankPlace, Wiring
 from steward.wire.settings import WorkerSettings
 from steward.worker import lifeline, main, runtime
 from steward.worker.injection import Injector
@@ -29,15 +29,10 @@ from steward.worker.lockstep import Fed, Lockstep, Pulse
 HOLD = 30.0  # seconds a rank that cannot load the model leaves rank 0 to report it
 
 
-def run(
-    place: RankPlace,
-    settings: WorkerSettings,
-    line: socket.socket,
-    sock: socket.socket | None,
-    feeds: list[socket.socket],
-) -> None:
+def run(place: RankPlace, settings: WorkerSettings, wiring: Wiring) -> None:
     """Entry point of a rank's process: `sock` is rank 0's channel (None elsewhere),
     `feeds` its sockets to the others (rank 0), or the one from rank 0 (the others)."""
+    line, sock, feeds = wiring
     lifeline.hold(settings.parent_pid)
     pulse = Pulse()
     threading.Thread(target=_beat, args=(line, pulse), daemon=True, name="pulse").start()
