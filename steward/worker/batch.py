@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import BatchKVCache, dynamic_roll
+from mlx_lm.models.cache import BatchKVCache
 
 from steward.worker.sampling import Seeded, positions
 
@@ -187,9 +187,12 @@ def agreed(draft: list[int], drawn: list[int]) -> int:
 def roll(layers: list[Any], drops: list[int]) -> None:
     """Each row of the batched caches drops its last `drops[row]` tokens. What every row
     drops goes by shortening the batch's shared length (no copy: a batch of one always);
-    the rest of a row's drop by moving its keys and values right by that many inside the
-    shared length, behind as much more left padding (what wraps round lies there, masked),
-    so no row moves another."""
+    the rest of a row's drop by moving its keys and values right by that many, behind as
+    much more left padding (what wraps round lies there, masked; what passes the shared
+    length lies where the next step writes), so no row moves another. The whole buffer
+    moves, not its filled part: its size changes only as it grows, so each step's new
+    buffers are the sizes the last step freed (a filled part one token longer each step
+    is a new allocation each step), and one index serves every layer."""
     common = min(drops, default=0)
     if common:
         for layer in layers:
@@ -198,11 +201,13 @@ def roll(layers: list[Any], drops: list[int]) -> None:
     if not any(drops):
         return
     shift = mx.array(drops)
+    index = None
     for layer in layers:
-        end = layer._idx
-        for name in ("keys", "values"):
-            held = getattr(layer, name)
-            held[..., :end, :] = dynamic_roll(held[..., :end, :], shift[:, None], axis=2)
+        size = layer.keys.shape[2]
+        if index is None or index.shape[2] != size:
+            index = (mx.arange(size)[:, None] - shift[:, None, None, None]) % size
+        layer.keys = mx.take_along_axis(layer.keys, index, axis=2)
+        layer.values = mx.take_along_axis(layer.values, index, axis=2)
         layer.offset = layer.offset - shift
         layer.left_padding = layer.left_padding + shift
 

@@ -55,7 +55,7 @@ from steward.worker.grammar import RESIDENT, Drafted, Masked
 from steward.worker.logits import Processor
 from steward.worker.logprobs import Wanted
 from steward.worker.outputs import Drawn, Outputs, Row
-from steward.worker.payoff import Kind, Taken, kind_of
+from steward.worker.payoff import Taken, kind_of
 from steward.worker.prepared import Prepared, prepared
 from steward.worker.prompt_cache import PromptCache
 from steward.worker.sampling import sampler
@@ -265,7 +265,8 @@ class Engine:
         if self.solo is not None:
             return self._solo_draw(started)
         of = kind_of(False, len(self.batch.uids))
-        self._plan(of)
+        drafting = self.speculation.allows(of)
+        self._plan(drafting)
         if self.width > 1:
             self._verifying(False, len(self.batch.uids), self.width)
         self.batch.want_rows(any(member.req.logprobs >= 0 for member in self.members.values()))
@@ -297,7 +298,7 @@ class Engine:
                 self._remember(out.all_tokens, out.prompt_cache, member.req)
                 self._forget(out.uid)
         seconds = time.perf_counter() - started - waited
-        taken = Taken(self._wall(), decoded, len(outputs), self.width > 1, prefill > 0, new)
+        taken = Taken(self._wall(), decoded, len(outputs), drafting, prefill > 0, new)
         self.speculation.measured(of, taken)
         planned = self.chunks.planned(self.batch)
         drawn.clock = StepClock(decoded, prefill, seconds, new, planned)
@@ -360,7 +361,7 @@ class Engine:
         ids = [member.req.id for member in lost]
         return list(dict.fromkeys(ids + [m.req.id for m in members if not m.ended]))
 
-    def _plan(self, of: Kind) -> None:
+    def _plan(self, drafting: bool) -> None:
         """The coming step: a verify step when a member drafts (its grammar rows masked by
         `Drafted`), else a plain one whose grammar rows `BatchStep` is armed for, with the
         tokens it feeds, still on the device. A row whose processor only masks (its first
@@ -375,7 +376,7 @@ class Engine:
             rows.append((i, member.processor))
             if member.processor.masks_only:
                 self.batch.unprocess(i)
-        drafts = self._drafts(of)
+        drafts = self._drafts(drafting)
         self.width = 1 + max(map(len, drafts.values()), default=0)
         if drafts:
             self.batch.speculate(drafts, Drafted(rows) if rows else None)
@@ -385,11 +386,11 @@ class Engine:
         else:
             self.backend.batch_step.disarm()
 
-    def _drafts(self, of: Kind) -> dict[int, list[int]]:
+    def _drafts(self, drafting: bool) -> dict[int, list[int]]:
         """Each decoding member's drafts, by uid, no more than its answer has room for after
         the token it feeds; none while a row is in mlx-lm's per-row processor loop (its
-        step is mlx-lm's own), nor where verify steps of this kind do not pay."""
-        if not self.speculation.allows(of) or self.batch.processing():
+        step is mlx-lm's own), nor where this kind of step does not draft (payoff.py)."""
+        if not drafting or self.batch.processing():
             return {}
         rows = []
         for uid in self.batch.uids:
@@ -436,7 +437,8 @@ class Engine:
         drawn = Drawn(ends=self.ends, size=1)
         self.ends = []
         before = solo.prefilled
-        token_drawn = solo.next(self._solo_drafts(member, solo))
+        drafting = self.speculation.allows(ALONE)
+        token_drawn = solo.next(self._solo_drafts(member, solo, drafting))
         waited = self.settle()
         if token_drawn is None:
             if len(solo.held()) == len(solo.prompt) - 1:  # the prompt is in
@@ -445,7 +447,8 @@ class Engine:
             new = self._met((True, 0, 0, 1, solo.prefill_step))
             seconds = time.perf_counter() - started - waited
             self.chunks.observe(prefill, seconds, timed=not new)
-            self.speculation.measured(ALONE, Taken(self._wall(), 1, 0, False, prefilled=True))
+            taken = Taken(self._wall(), 1, 0, drafting, prefilled=True)
+            self.speculation.measured(ALONE, taken)
             drawn.prefilled = [member.req.id]
             drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
             return drawn
@@ -466,8 +469,7 @@ class Engine:
             if solo.processors and member.drafter is not None and member.drafter.drafting:
                 self._handover()  # its text copies: it drafts in the batch, grammar and all
         seconds = time.perf_counter() - started - waited
-        verified = solo.landed is not None
-        taken = Taken(self._wall(), 1, len(token_drawn), verified, new=new)
+        taken = Taken(self._wall(), 1, len(token_drawn), drafting, new=new)
         self.speculation.measured(ALONE, taken)
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn
@@ -479,14 +481,12 @@ class Engine:
         before, self.stepped = self.stepped, time.perf_counter()
         return self.stepped - before
 
-    def _solo_drafts(self, member: Member, solo: Solo) -> Drafts | None:
+    def _solo_drafts(self, member: Member, solo: Solo, drafting: bool) -> Drafts | None:
         """What gives the request alone its drafts, a verify step at a time (none while it
         prefills, or where a processor shapes its logits: it drafts once in the batch,
-        where a grammar masks a verify step's rows)."""
+        where a grammar masks a verify step's rows; nor where drafting does not pay)."""
         drafter = member.drafter
-        if solo.pending is None or solo.processors or drafter is None:
-            return None
-        if not self.speculation.allows(ALONE):  # its verify steps do not pay (payoff.py)
+        if not drafting or solo.pending is None or solo.processors or drafter is None:
             return None
 
         def drafts(skip: int) -> list[int]:

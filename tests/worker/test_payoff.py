@@ -1,4 +1,4 @@
-"""Whether verify steps pay (worker/payoff.py): decisions on the step clock, each branch, and
+"""Whether drafting pays (worker/payoff.py): decisions on the step clock, each branch, and
 an engine on the tiny model whose verify steps are made to cost more than they give (SPEC §6's
 `verify` point) stops drafting, its answer unchanged."""
 
@@ -18,13 +18,13 @@ DECODE = 0.010  # seconds of a decode step of BATCH (a token a row)
 
 def decode(payoff: Payoff, steps: int = 1, seconds: float = DECODE, **flags: bool) -> None:
     for _ in range(steps):
-        payoff.measured(BATCH, Taken(seconds, 8, 8, verified=False, **flags))
+        payoff.measured(BATCH, Taken(seconds, 8, 8, drafting=False, **flags))
 
 
 def verify(payoff: Payoff, tokens: int, steps: int = 1, seconds: float = 0.020, **flags) -> None:
     """Verify steps of the 8 rows that gave `tokens` in all, in `seconds` each."""
     for _ in range(steps):
-        payoff.measured(BATCH, Taken(seconds, 8, tokens, verified=True, **flags))
+        payoff.measured(BATCH, Taken(seconds, 8, tokens, drafting=True, **flags))
 
 
 def known(seconds: float = DECODE) -> Payoff:
@@ -90,6 +90,21 @@ def test_verify_steps_that_cost_tens_of_decode_steps_are_judged_in_a_few() -> No
     assert cheap.allows(BATCH) and not cheap.paused()
 
 
+def test_drafting_is_judged_with_the_plain_steps_it_slows() -> None:
+    """On the H200 at 32 members, a drafting engine's plain steps cost 2.6 times a plain
+    engine's: each carries the roll-back of the verify step before it. A window of drafting
+    steps counts them, though its verify steps alone would pay; and the plain step after a
+    drafting one is no measure of plain decoding."""
+    payoff = known()
+    for _ in range(WINDOW // 2):
+        verify(payoff, tokens=16, seconds=0.015)  # 2 tokens a row for 1.5 decode steps
+        payoff.measured(BATCH, Taken(0.030, 8, 8, drafting=True))  # nothing drafted
+    assert not payoff.allows(BATCH)
+    decode(payoff, seconds=0.030)  # the last drafting step's roll-back
+    decode(payoff, WINDOW)
+    assert payoff.ledgers[BATCH].decode == pytest.approx(DECODE)
+
+
 def test_a_kind_that_pays_again_starts_its_pauses_short() -> None:
     payoff = known()
     verify(payoff, tokens=12, steps=WINDOW)
@@ -107,6 +122,7 @@ def test_the_decode_steps_are_measured_again_every_so_many_verify_steps() -> Non
     payoff = known()
     verify(payoff, tokens=24, steps=FRESH)
     assert not payoff.allows(BATCH)  # a window of plain steps first
+    decode(payoff, seconds=1.0)  # the drafting step's roll-back: no measure
     decode(payoff, WINDOW - 1, seconds=0.030)
     assert not payoff.allows(BATCH)
     decode(payoff, seconds=0.030)
@@ -121,6 +137,7 @@ def test_the_decode_steps_measured_anew_are_all_new() -> None:
     payoff = known()
     decode(payoff, WINDOW - 1, seconds=1.0)
     verify(payoff, tokens=24, steps=FRESH)
+    decode(payoff, seconds=1.0)  # after a drafting step: no measure
     decode(payoff)
     assert not payoff.allows(BATCH)
     decode(payoff, WINDOW - 1)
