@@ -171,6 +171,8 @@ def run(servers: list[Server], args: argparse.Namespace) -> dict[tuple[str, str,
                 speed = statistics.median(results[workload, mode, c].decode or [0])
                 errors = len(results[workload, mode, c].errors)
                 line = f"  {workload:5} {mode:12} c={c}: {speed:.1f} tok/s/request errors {errors}"
+                if errors:
+                    line += f" (the first: {results[workload, mode, c].errors[0][:200]})"
                 print(line, flush=True)
     finally:
         for server in servers:

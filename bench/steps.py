@@ -8,8 +8,9 @@ never drafts (`none`), one that drafts wherever its text copies (`always`) and o
 drafts where verify steps pay (`auto`, payoff.py), `--rounds` times in turn. Printed for
 each: tokens a second (a request alone: after its first; a batch: all its tokens over the
 whole time), and the steps by sort (decode, verify, prefill, and a batch's steps that
-prefill while they decode or verify) with their milliseconds a step, tokens a step, and the
-drafts kept of those offered.
+prefill while they decode or verify; a step of a shape new to its engine apart, as `new`:
+MLX builds kernels then) with their milliseconds a step, tokens a step, and the drafts kept
+of those offered.
 
     python -m bench.steps --model DIR [--concurrency 1,32] [--tokens 400] [--rounds 3]
 """
@@ -35,12 +36,12 @@ from steward.worker.runtime import bound_cache  # noqa: E402
 MODES = ("none", "always", "auto")
 
 
-def sort_of(engine: Engine, step_tokens: int, prefilled: int, landed: object) -> str:
+def sort_of(alone: bool, width: int, step_tokens: int, prefilled: int, landed: object) -> str:
     """What a step was: a request alone's by what its drafter saw, a batch's by the
-    positions it fed a row and whether it prefilled too."""
-    if engine.solo is not None or landed is not None:
+    positions it fed a row (`width`) and whether it prefilled too."""
+    if alone:
         return "verify" if landed is not None else "decode" if step_tokens else "prefill"
-    sort = "verify" if engine.width > 1 else "decode" if step_tokens else ""
+    sort = "verify" if width > 1 else "decode" if step_tokens else ""
     return "+".join(filter(None, ["prefill" if prefilled else "", sort])) or "idle"
 
 
@@ -59,8 +60,12 @@ def run(engine: Engine, reqs: list[Generate]) -> str:
         landed = solo[1].landed if solo is not None else None
         for drafts, took in [landed] if landed else engine.batch.verified.values():
             offered, kept = offered + drafts, kept + took
-        prefilled = step.clock.prefill if step.clock is not None else 0
-        figures = sorts.setdefault(sort_of(engine, tokens, prefilled, landed), [0, 0.0, 0])
+        clock = step.clock
+        prefilled = clock.prefill if clock is not None else 0
+        sort = sort_of(solo is not None, engine.width, tokens, prefilled, landed)
+        if clock is not None and clock.new_shape:  # kernels built: apart from steady steps
+            sort = "new " + sort
+        figures = sorts.setdefault(sort, [0, 0.0, 0])
         figures[0] += 1
         figures[1] += time.perf_counter() - started
         figures[2] += tokens
