@@ -134,6 +134,13 @@ class Backend(Shaping):
         self.max_token_chars = max_token_chars(tokenizer)
         self.batch_step = BatchStep(self.grammars.executor)
 
+    def predicted(self, req: Generate) -> list[int]:
+        """Its `prediction`'s tokens, no more than the context holds (no answer is longer).
+        The text is cut first to what can hold that many tokens: a client's 30 MB
+        prediction would otherwise be tokenised whole, and its drafts indexed, for nothing."""
+        text = req.prediction[: self.context_length * self.max_token_chars]
+        return list(self.tokenizer.encode(text, add_special_tokens=False))[: self.context_length]
+
     def encode(self, req: Generate) -> list[int]:
         if req.messages is not None:
             return list(

@@ -164,8 +164,13 @@ class Engine:
         return bool(self.members or self.ends or self.solo or self.waiting)
 
     def prepare(self, req: Generate) -> Prepared:
-        """Its prompt's tokens (on an encoder thread: inbox.py)."""
-        return prepared(req, self.backend.encode)
+        """Its prompt's tokens, and its prediction's where it drafts (on an encoder thread:
+        inbox.py)."""
+        return prepared(req, self._encode)
+
+    def _encode(self, req: Generate) -> tuple[list[int], list[int]]:
+        drafts = self.speculation.on and not req.internal and req.prediction
+        return self.backend.encode(req), self.backend.predicted(req) if drafts else []
 
     def add(self, req: Generate | Prepared) -> Admitted | Rejected:
         """Join the batch (and how many tokens it prefills: its prompt and resumed answer,
@@ -176,7 +181,7 @@ class Engine:
         ready = req if isinstance(req, Prepared) else self.prepare(req)
         req, backend = ready.req, self.backend
         try:
-            prompt = ready.value()
+            prompt, predicted = ready.value()
         except PREPARE_ERRORS as exc:
             return unpreparable(req, exc)
         if not prompt:
@@ -194,7 +199,7 @@ class Engine:
         except ValueError as exc:
             return Rejected(req.id, "validation_error", str(exc))
         member = Member(
-            drafter=self.speculation.drafter(req, tokens, backend.tokenizer),
+            drafter=self.speculation.drafter(req, tokens, predicted),
             req=req,
             prompt_tokens=len(prompt),
             cached_tokens=min(held, len(prompt)),  # what usage reports: of the prompt

@@ -225,13 +225,12 @@ class Speculation:
         self.chunks = chunks  # the engine's prefill chunks: how fast a prompt is read
         self.gpu = mx.default_device().type == mx.DeviceType.gpu  # a position costs little
 
-    def drafter(self, req: Generate, tokens: list[int], tokenizer: Any) -> Drafter | None:
-        """A member's drafter, from its prediction and `tokens` (its prompt and resumed
-        answer); none for the worker's own requests (the canary, a warm-up)."""
+    def drafter(self, req: Generate, tokens: list[int], predicted: list[int]) -> Drafter | None:
+        """A member's drafter, from `tokens` (its prompt and resumed answer) and its
+        prediction's (`Backend.predicted`); none for the worker's own requests (the canary,
+        a warm-up)."""
         if not self.on or req.internal:
             return None
-        text = req.prediction
-        predicted = tokenizer.encode(text, add_special_tokens=False) if text else []
         reader = None if self.draft is None else self.draft.reader(self.readable)
         return Drafter(tokens, predicted, resumed=bool(req.resume), model=reader)
 

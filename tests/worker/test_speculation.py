@@ -5,6 +5,7 @@ prediction right, wrong or partly right, lookup, a grammar), and usage counts th
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import llguidance
@@ -244,6 +245,33 @@ def test_a_prediction_right_wrong_or_partly_right(engines, backend, how: str) ->
         assert accepted < 10 and rejected > 0
     else:
         assert accepted >= 15 and rejected > 0
+
+
+def test_a_prediction_longer_than_any_answer_is_cut_and_encoded_off_the_loop(
+    engines, backend
+) -> None:
+    """A prediction is tokenised where the prompt is (`Engine.prepare`, on an encoder
+    thread), and no more of it than could hold the context's worth of tokens: a client's
+    20 MB prediction drafts as the answer's own text does, not after seconds of the loop."""
+    prompt = "Once upon a time"
+    tokens, _ = answers(engines["none"], [ask(17, prompt, max_tokens=40)])
+    text = backend.tokenizer.decode([t for t, _ in tokens[17]])
+    huge = text + " and then" * 2_500_000  # the whole text: 15 s to tokenise on this CPU
+    engine = engines["always"]
+    started = time.perf_counter()
+    ready = engine.prepare(ask(18, prompt, max_tokens=40, prediction=huge))
+    prepared = time.perf_counter()
+    engine.add(ready)  # on the loop: every other member waits for it
+    assert prepared - started < 5.0 and time.perf_counter() - prepared < 1.0
+    _, predicted = ready.value()
+    assert 0 < len(predicted) <= backend.context_length
+    made, dones = [], {}
+    while engine.busy:
+        step = engine.step()
+        made += [token.token for token in step.tokens if token.token >= 0]
+        dones |= {done.id: done for done in step.done}
+    assert made == [t for t, _ in tokens[17]]
+    assert dones[18].accepted_prediction_tokens >= 20
 
 
 def test_a_seeded_answer_verified_with_drafts_repeats(engines, backend) -> None:
