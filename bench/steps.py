@@ -5,7 +5,7 @@ The worker's engine in this process (MLX set up as a worker sets it up), no serv
 code edit of bench/speculation.py (each of `c` members its own file, asked together),
 plainly (lookup) and with its file as the prediction, and a chat story, on an engine that
 never drafts (`none`), one that drafts wherever its text copies (`always`) and one that
-drafts where verify steps pay (`auto`, payoff.py), `--rounds` times in turn. Printed for
+drafts where drafting pays (`auto`, payoff.py), `--rounds` times in turn. Printed for
 each: tokens a second (a request alone: after its first; a batch: all its tokens over the
 whole time), and the steps by sort (decode, verify, prefill, and a batch's steps that
 prefill while they decode or verify; a step of a shape new to its engine apart, as `new`:
@@ -58,11 +58,13 @@ def run(engine: Engine, reqs: list[Generate]) -> str:
         step = engine.step()
         tokens = sum(token.token >= 0 for token in step.tokens)
         landed = solo[1].landed if solo is not None else None
-        for drafts, took in [landed] if landed else engine.batch.verified.values():
-            offered, kept = offered + drafts, kept + took
         clock = step.clock
         prefilled = clock.prefill if clock is not None else 0
         sort = sort_of(solo is not None, engine.width, tokens, prefilled, landed)
+        if sort.endswith("verify"):  # the batch's verified counts stand until it verifies again
+            verified = [landed] if solo is not None else engine.batch.verified.values()
+            for drafts, took in verified:
+                offered, kept = offered + drafts, kept + took
         if clock is not None and clock.new_shape:  # kernels built: apart from steady steps
             sort = "new " + sort
         figures = sorts.setdefault(sort, [0, 0.0, 0])

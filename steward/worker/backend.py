@@ -31,6 +31,7 @@ from steward.worker.toolcalls import FORCED, ToolCalls
 # What templating and tokenising raise for a request they cannot handle (a template's
 # `raise_exception`, a role it does not know): that request's 400, never a backend fault.
 PREPARE_ERRORS = (ValueError, TypeError, KeyError, IndexError, TemplateError)
+PREDICTED_CHARS = 8  # characters a token, at most, of a prediction's text (prose and code: 3-5)
 
 
 def unpreparable(req: Generate, exc: Exception) -> Rejected:
@@ -136,9 +137,11 @@ class Backend(Shaping):
 
     def predicted(self, req: Generate) -> list[int]:
         """Its `prediction`'s tokens, no more than the context holds (no answer is longer).
-        The text is cut first to what can hold that many tokens: a client's 30 MB
-        prediction would otherwise be tokenised whole, and its drafts indexed, for nothing."""
-        text = req.prediction[: self.context_length * self.max_token_chars]
+        The text is cut first at `PREDICTED_CHARS` characters a token of the context: a
+        client's 22 MB prediction would otherwise be tokenised whole (15 s of a CPU), and
+        the longest token's characters (a run of whitespace, tens to hundreds) would let
+        most of it through. A prediction of longer tokens loses drafts, never an answer."""
+        text = req.prediction[: self.context_length * PREDICTED_CHARS]
         return list(self.tokenizer.encode(text, add_special_tokens=False))[: self.context_length]
 
     def encode(self, req: Generate) -> list[int]:

@@ -303,7 +303,8 @@ class Engine:
                 self._remember(out.all_tokens, out.prompt_cache, member.req)
                 self._forget(out.uid)
         seconds = time.perf_counter() - started - waited
-        taken = Taken(self._wall(), decoded, len(outputs), drafting, prefill > 0, new)
+        verified = self.width > 1
+        taken = Taken(self._wall(), decoded, len(outputs), drafting, verified, prefill > 0, new)
         self.speculation.measured(of, taken)
         planned = self.chunks.planned(self.batch)
         drawn.clock = StepClock(decoded, prefill, seconds, new, planned)
@@ -452,7 +453,7 @@ class Engine:
             new = self._met((True, 0, 0, 1, solo.prefill_step))
             seconds = time.perf_counter() - started - waited
             self.chunks.observe(prefill, seconds, timed=not new)
-            taken = Taken(self._wall(), 1, 0, drafting, prefilled=True)
+            taken = Taken(self._wall(), 1, 0, drafting, False, prefilled=True)
             self.speculation.measured(ALONE, taken)
             drawn.prefilled = [member.req.id]
             drawn.clock = StepClock(0, prefill, seconds, new, solo.prefill_step)
@@ -474,7 +475,8 @@ class Engine:
             if solo.processors and member.drafter is not None and member.drafter.drafting:
                 self._handover()  # its text copies: it drafts in the batch, grammar and all
         seconds = time.perf_counter() - started - waited
-        taken = Taken(self._wall(), 1, len(token_drawn), drafting, new=new)
+        verified = solo.landed is not None
+        taken = Taken(self._wall(), 1, len(token_drawn), drafting, verified, new=new)
         self.speculation.measured(ALONE, taken)
         drawn.clock = StepClock(1, 0, seconds, new, solo.prefill_step)
         return drawn

@@ -15,13 +15,13 @@ kind drafts (verify steps, and plain steps where no member had a draft) against 
 steps taken while it does not, per kind of step (a request alone on the single-sequence
 loop, or the batch with its rows rounded up to a power of two: a step's cost grows with its
 rows), in wall-clock seconds from the end of the step before to the end of the step:
-everything the worker does for a step counts, its waits too. The first plain step after a
-drafting one is no measure (it carries the roll-back). Judged per verify step instead,
-on the H200 at 32 members, a drafting engine's plain steps cost 2.6 times a plain engine's,
-and verify steps looked paying while the mode ran at 0.44x. No step that prefills
-counts (its cost is the prompt's); a plain step of a shape met for the first time does not
-either (plain decoding meets it too), a drafting step's does (its kernels are a cost of
-verifying).
+everything the worker does for a step counts, its waits too. The `AFTER` plain steps after
+a verify step, of any kind, are no measure of plain steps (they carry its roll-back).
+Judged per verify step instead, on the H200 at 32 members, a drafting engine's plain steps
+cost 2.6 times a plain engine's, and verify steps looked paying while the mode ran at
+0.44x. No step that prefills counts (its cost is the prompt's); a plain step of a shape met
+for the first time does not either, in either mode (plain decoding meets it too), a verify
+step's does (its kernels are a cost of verifying).
 
 A kind decodes until a window of its plain steps is measured. Then its drafting steps are
 judged a window at a time: where they cost more a token, the kind decodes plainly for a
@@ -47,6 +47,9 @@ LONGEST_PAUSE = 4096
 # for eight members one after the other: 0.41x on the H200) is tried for a few steps, not
 # sixteen.
 OVERRUN = 2
+# Plain steps after a verify step that carry its cost: the first only queues its forward (its
+# input came from the host), the second waits for that forward and the roll-back.
+AFTER = 2
 
 Kind = tuple[bool, int]  # (alone, rows rounded up to a power of two)
 
@@ -57,13 +60,14 @@ def kind_of(alone: bool, rows: int) -> Kind:
 
 class Taken(NamedTuple):
     """A step as judged: `tokens` given to `rows` rows in `seconds` (wall clock, since the
-    step before); `drafting`: taken while its kind drafts; `prefilled`: it prefilled too;
-    `new`: its shape was met for the first time."""
+    step before); `drafting`: taken while its kind drafts; `verified`: it verified drafts;
+    `prefilled`: it prefilled too; `new`: its shape was met for the first time."""
 
     seconds: float
     rows: int
     tokens: int
     drafting: bool
+    verified: bool
     prefilled: bool = False
     new: bool = False
 
@@ -96,7 +100,6 @@ class Ledger:
     decode: float | None = None  # seconds a token a row of its plain steps (None: unknown)
     decoding: Window = field(default_factory=Window)
     drafting: Window = field(default_factory=Window)
-    drafted: bool = False  # its last step was taken while it drafted
     since_decode: int = 0  # drafting steps since its plain steps were measured
     paused_until: int = 0  # the step count it decodes plainly until
     pause: int = FIRST_PAUSE  # steps of its next pause
@@ -108,6 +111,7 @@ class Payoff:
     def __init__(self) -> None:
         self.ledgers: dict[Kind, Ledger] = {}
         self.steps = 0  # steps measured, of every kind: the clock of the pauses
+        self.plain = AFTER  # steps since the last verify step: its roll-back follows the engine
 
     def allows(self, of: Kind) -> bool:
         """Whether members may draft in a step of this kind."""
@@ -120,12 +124,15 @@ class Payoff:
         """A step of this kind taken."""
         self.steps += 1
         ledger = self.ledgers.setdefault(of, Ledger())
-        after, ledger.drafted = ledger.drafted, step.drafting
+        carries = self.plain < AFTER  # the cost of the last verify step
+        self.plain = 0 if step.verified else self.plain + 1
         if step.prefilled or not step.rows or not step.tokens:
+            return
+        if step.new and not step.verified:  # kernels that plain decoding builds too
             return
         per_row = step.tokens / step.rows
         if not step.drafting:
-            if after or step.new:  # the roll-back of the step before, or kernels being built
+            if carries:
                 return
             if (cost := ledger.decoding.add(step.seconds, per_row)) is not None:
                 ledger.decode, ledger.since_decode = cost, 0

@@ -10,7 +10,16 @@ import pytest
 
 from steward.wire.faultspec import parse
 from steward.wire.protocol import Generate
-from steward.worker.payoff import FIRST_PAUSE, FRESH, OVERRUN, WINDOW, Payoff, Taken, kind_of
+from steward.worker.payoff import (
+    AFTER,
+    FIRST_PAUSE,
+    FRESH,
+    OVERRUN,
+    WINDOW,
+    Payoff,
+    Taken,
+    kind_of,
+)
 
 BATCH = kind_of(False, 8)
 DECODE = 0.010  # seconds of a decode step of BATCH (a token a row)
@@ -18,13 +27,13 @@ DECODE = 0.010  # seconds of a decode step of BATCH (a token a row)
 
 def decode(payoff: Payoff, steps: int = 1, seconds: float = DECODE, **flags: bool) -> None:
     for _ in range(steps):
-        payoff.measured(BATCH, Taken(seconds, 8, 8, drafting=False, **flags))
+        payoff.measured(BATCH, Taken(seconds, 8, 8, drafting=False, verified=False, **flags))
 
 
 def verify(payoff: Payoff, tokens: int, steps: int = 1, seconds: float = 0.020, **flags) -> None:
     """Verify steps of the 8 rows that gave `tokens` in all, in `seconds` each."""
     for _ in range(steps):
-        payoff.measured(BATCH, Taken(seconds, 8, tokens, drafting=True, **flags))
+        payoff.measured(BATCH, Taken(seconds, 8, tokens, drafting=True, verified=True, **flags))
 
 
 def known(seconds: float = DECODE) -> Payoff:
@@ -98,11 +107,38 @@ def test_drafting_is_judged_with_the_plain_steps_it_slows() -> None:
     payoff = known()
     for _ in range(WINDOW // 2):
         verify(payoff, tokens=16, seconds=0.015)  # 2 tokens a row for 1.5 decode steps
-        payoff.measured(BATCH, Taken(0.030, 8, 8, drafting=True))  # nothing drafted
+        payoff.measured(BATCH, Taken(0.030, 8, 8, True, False))  # nothing drafted
     assert not payoff.allows(BATCH)
-    decode(payoff, seconds=0.030)  # the last drafting step's roll-back
+    decode(payoff, seconds=0.030)  # the last verify step's roll-back (a plain step between)
     decode(payoff, WINDOW)
     assert payoff.ledgers[BATCH].decode == pytest.approx(DECODE)
+
+
+def test_the_plain_steps_that_carry_a_verify_steps_roll_back_are_no_measure() -> None:
+    """The first plain step after a verify step only queues its forward (its input came
+    from the host); the second waits for it and the roll-back: neither measures plain
+    decoding, of whatever kind it is (the roll-back follows the engine, not the kind)."""
+    payoff = known()
+    verify(payoff, tokens=24, steps=FRESH)
+    decode(payoff, seconds=0.001)  # queued
+    decode(payoff, seconds=1.0)  # waited
+    decode(payoff, WINDOW)
+    assert payoff.ledgers[BATCH].decode == pytest.approx(DECODE)
+    other = kind_of(False, 16)
+    verify(payoff, tokens=24)
+    for seconds in (0.001, 1.0, *[DECODE] * WINDOW):
+        payoff.measured(other, Taken(seconds, 16, 16, drafting=False, verified=False))
+    assert payoff.ledgers[other].decode == pytest.approx(DECODE)
+
+
+def test_a_plain_step_of_a_new_shape_is_no_measure_while_drafting() -> None:
+    """Members leaving meet row counts not seen yet; a step of one where no member drafted
+    builds kernels that plain decoding builds too: it is no trial's cost."""
+    payoff = known()
+    verify(payoff, tokens=24, steps=WINDOW - 1)
+    payoff.measured(BATCH, Taken(0.5, 8, 8, drafting=True, verified=False, new=True))
+    verify(payoff, tokens=24)
+    assert payoff.allows(BATCH) and not payoff.paused()
 
 
 def test_a_kind_that_pays_again_starts_its_pauses_short() -> None:
@@ -122,7 +158,7 @@ def test_the_decode_steps_are_measured_again_every_so_many_verify_steps() -> Non
     payoff = known()
     verify(payoff, tokens=24, steps=FRESH)
     assert not payoff.allows(BATCH)  # a window of plain steps first
-    decode(payoff, seconds=1.0)  # the drafting step's roll-back: no measure
+    decode(payoff, AFTER, seconds=1.0)  # the last verify step's roll-back: no measure
     decode(payoff, WINDOW - 1, seconds=0.030)
     assert not payoff.allows(BATCH)
     decode(payoff, seconds=0.030)
@@ -137,7 +173,7 @@ def test_the_decode_steps_measured_anew_are_all_new() -> None:
     payoff = known()
     decode(payoff, WINDOW - 1, seconds=1.0)
     verify(payoff, tokens=24, steps=FRESH)
-    decode(payoff, seconds=1.0)  # after a drafting step: no measure
+    decode(payoff, AFTER, seconds=1.0)  # after a verify step: no measure
     decode(payoff)
     assert not payoff.allows(BATCH)
     decode(payoff, WINDOW - 1)
