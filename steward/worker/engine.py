@@ -169,7 +169,7 @@ class Engine:
         return prepared(req, self._encode)
 
     def _encode(self, req: Generate) -> tuple[list[int], list[int]]:
-        drafts = self.speculation.on and not req.internal and req.prediction
+        drafts = req.prediction and self.speculation.serves(req)
         return self.backend.encode(req), self.backend.predicted(req) if drafts else []
 
     def add(self, req: Generate | Prepared) -> Admitted | Rejected:

@@ -229,10 +229,15 @@ class Speculation:
         """A member's drafter, from `tokens` (its prompt and resumed answer) and its
         prediction's (`Backend.predicted`); none for the worker's own requests (the canary,
         a warm-up)."""
-        if not self.on or req.internal:
+        if not self.serves(req):
             return None
         reader = None if self.draft is None else self.draft.reader(self.readable)
         return Drafter(tokens, predicted, resumed=bool(req.resume), model=reader)
+
+    def serves(self, req: Generate) -> bool:
+        """Whether the request's member drafts at all: never the worker's own requests (the
+        canary, a warm-up)."""
+        return self.on and not req.internal
 
     def readable(self) -> int:
         """Prompt tokens the draft model may read in a step: what the target prefills in a
